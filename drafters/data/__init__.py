@@ -1,0 +1,1 @@
+"""Conversation corpora and their rendering into training examples."""

@@ -1,0 +1,336 @@
+"""Self-distillation: the target regenerates every assistant turn of real conversations.
+
+Turn by turn, each turn conditioned on the target's *own* earlier answers (methods.md section 1),
+greedy by default, batched with left padding. Work is done in fixed batches of conversations
+and each finished batch is written atomically as one shard, so a killed run restarted with the
+same command redoes only the unfinished batch: no conversation lost, none duplicated, and the
+same batches (hence the same outputs) as an uninterrupted run. `finalize` merges the shards
+into an HF `datasets` dataset whose metadata holds the target's identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from drafters.data.chat import render_prompt
+from drafters.data.sharegpt import Conversation, ReadStats, read_conversations
+from drafters.target import Target
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    max_new_tokens: int = 512  # per assistant turn
+    max_turns: int | None = None  # user turns per conversation (None: all)
+    max_prompt_tokens: int = 2048  # a turn whose prompt is longer ends the conversation there
+    batch_size: int = 8
+    do_sample: bool = False  # greedy by default; sampling is a switch
+    temperature: float = 0.7
+    top_p: float = 1.0
+    seed: int = 0
+    drop_length_cut: bool = True  # drop turns cut by max_new_tokens (and the turns after them)
+
+    def fingerprint(self) -> str:
+        """What a resumed run must agree on to reuse the shards of an earlier one."""
+        payload = {k: v for k, v in self.__dict__.items()}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class DistillResumeError(RuntimeError):
+    pass
+
+
+def _write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, ensure_ascii=False, indent=1))
+    os.replace(tmp, path)
+
+
+@torch.no_grad()
+def generate_turns(
+    target: Target, conversations: list[Conversation], cfg: DistillConfig, batch_seed: int
+) -> list[dict]:
+    """Regenerate the assistant turns of a batch of conversations, one turn index at a time.
+
+    Returns one record per conversation: the messages with regenerated answers (user and system
+    turns kept), the answers' token ids, and per answer whether it ended by "eos" or "length".
+    """
+    tok = target.tokenizer
+    eos = set(target.eos_token_ids)
+    records = []
+    for conv in conversations:
+        head = [m for m in conv.messages[:1] if m["role"] == "system"]
+        users = [m for m in conv.messages if m["role"] == "user"]
+        if cfg.max_turns is not None:
+            users = users[: cfg.max_turns]
+        records.append(
+            {
+                "id": conv.id,
+                "key": conv.key,
+                "source_index": conv.source_index,
+                "messages": list(head),
+                "pending_users": users,
+                "response_ids": [],
+                "finish": [],
+                "stopped": None,
+            }
+        )
+    gen = torch.Generator().manual_seed(batch_seed) if cfg.do_sample else None
+    turn = 0
+    while True:
+        active, prompts = [], []
+        for r in records:
+            if r["stopped"] is not None or turn >= len(r["pending_users"]):
+                continue
+            msgs = r["messages"] + [r["pending_users"][turn]]
+            ids = render_prompt(tok, msgs)
+            if len(ids) > cfg.max_prompt_tokens:
+                r["stopped"] = "prompt_too_long"
+                continue
+            active.append(r)
+            prompts.append(ids)
+        if not active:
+            break
+        width = max(len(p) for p in prompts)
+        pad = tok.pad_token_id
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        input_ids, attention = input_ids.to(target.device), attention.to(target.device)
+        kwargs = dict(do_sample=cfg.do_sample, max_new_tokens=cfg.max_new_tokens, pad_token_id=pad)
+        if cfg.do_sample:
+            kwargs.update(temperature=cfg.temperature, top_p=cfg.top_p)
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        out = target.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
+        for r, row in zip(active, out[:, width:].tolist(), strict=True):
+            cut = next((i for i, t in enumerate(row) if t in eos), None)
+            ids = row[: cut + 1] if cut is not None else row
+            finish = "eos" if cut is not None else "length"
+            text = tok.decode(ids[:-1] if cut is not None else ids, skip_special_tokens=True)
+            r["messages"] += [r["pending_users"][turn], {"role": "assistant", "content": text}]
+            r["response_ids"].append(ids)
+            r["finish"].append(finish)
+            if finish == "length" and cfg.drop_length_cut:
+                r["stopped"] = "length_cut"
+        turn += 1
+    for r in records:
+        del r["pending_users"]
+    return records
+
+
+def _shard_path(out_dir: Path, batch_index: int) -> Path:
+    return out_dir / "shards" / f"batch-{batch_index:06d}.json"
+
+
+def run_distillation(
+    target: Target,
+    source: str,
+    out_dir: str | Path,
+    cfg: DistillConfig,
+    split: str = "train",
+    val_fraction: float = 0.02,
+    max_conversations: int | None = None,
+) -> dict:
+    """Distil `max_conversations` of `source` into `out_dir/shards`, resuming finished batches."""
+    out_dir = Path(out_dir)
+    (out_dir / "shards").mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "target": target.identity.to_dict(),
+        "source": source,
+        "split": split,
+        "val_fraction": val_fraction,
+        "max_conversations": max_conversations,
+        "config": cfg.__dict__,
+        "config_fingerprint": cfg.fingerprint(),
+    }
+    manifest_path = out_dir / "manifest.json"
+    if manifest_path.exists():
+        old = json.loads(manifest_path.read_text())
+        if old != manifest:
+            diff = sorted(k for k in manifest if old.get(k) != manifest[k])
+            raise DistillResumeError(
+                f"{out_dir} holds a distillation made with other settings ({', '.join(diff)}); "
+                "use another output folder (distill.out_dir=...) or delete this one"
+            )
+    else:
+        _write_json_atomic(manifest_path, manifest)
+
+    read_stats = ReadStats()
+    conversations = list(
+        read_conversations(source, read_stats, split, val_fraction, limit=max_conversations)
+    )
+    batches = [
+        conversations[i : i + cfg.batch_size] for i in range(0, len(conversations), cfg.batch_size)
+    ]
+    todo = [b for b in range(len(batches)) if not _shard_path(out_dir, b).exists()]
+    done_before = len(batches) - len(todo)
+    print(f"[distill] conversations: {read_stats.summary()}")
+    if done_before:
+        print(f"[distill] resuming: {done_before}/{len(batches)} batches already in {out_dir}")
+
+    t0, new_tokens = time.perf_counter(), 0
+    bar = tqdm(total=len(conversations), unit="conv", desc="distill", dynamic_ncols=True)
+    bar.update(sum(len(batches[b]) for b in range(len(batches)) if b not in set(todo)))
+    for b in todo:
+        records = generate_turns(target, batches[b], cfg, batch_seed=cfg.seed * 1_000_003 + b)
+        keys = [c.key for c in batches[b]]
+        _write_json_atomic(_shard_path(out_dir, b), {"keys": keys, "records": records})
+        new_tokens += sum(len(ids) for r in records for ids in r["response_ids"])
+        bar.update(len(batches[b]))
+        bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - t0):.1f}")
+    bar.close()
+    elapsed = time.perf_counter() - t0
+    run_stats = {
+        "read": read_stats.to_dict(),
+        "batches": len(batches),
+        "batches_resumed": done_before,
+        "generated_tokens_this_run": new_tokens,
+        "seconds_this_run": round(elapsed, 2),
+        "tokens_per_s_this_run": round(new_tokens / elapsed, 2) if elapsed > 0 else None,
+    }
+    return run_stats
+
+
+def load_records(out_dir: str | Path) -> list[dict]:
+    """All distilled records in source order, checked for overlap and gaps."""
+    out_dir = Path(out_dir)
+    records, seen = [], set()
+    for path in sorted((out_dir / "shards").glob("batch-*.json")):
+        shard = json.loads(path.read_text())
+        for r in shard["records"]:
+            if r["key"] in seen:
+                raise DistillResumeError(f"{path}: conversation {r['key']} appears in two shards")
+            seen.add(r["key"])
+            records.append(r)
+    records.sort(key=lambda r: r["source_index"])
+    return records
+
+
+def _features():
+    from datasets import Features, List, Value
+
+    message = {"role": Value("string"), "content": Value("string")}
+    return Features(
+        {
+            "id": Value("string"),
+            "key": Value("string"),
+            "source_index": Value("int64"),
+            "messages": List(message),
+            "response_ids": List(List(Value("int32"))),
+            "finish": List(Value("string")),
+        }
+    )
+
+
+def finalize(out_dir: str | Path, target_identity: dict, run_stats: dict | None = None):
+    """Merge shards into `out_dir/dataset` (Arrow), atomically; returns (dataset, stats)."""
+    from datasets import Dataset
+
+    DATASET_FEATURES = _features()
+    out_dir = Path(out_dir)
+    manifest = json.loads((out_dir / "manifest.json").read_text())
+    drop_cut = manifest["config"]["drop_length_cut"]
+    rows, finish, stopped = [], Counter(), Counter()
+    dropped_turns = dropped_convs = 0
+    for r in load_records(out_dir):
+        finish.update(r["finish"])
+        if r["stopped"]:
+            stopped[r["stopped"]] += 1
+        n = len(r["finish"])
+        if drop_cut and "length" in r["finish"]:
+            n = r["finish"].index("length")
+            dropped_turns += len(r["finish"]) - n
+        if n == 0:
+            dropped_convs += 1
+            continue
+        head = 1 if r["messages"] and r["messages"][0]["role"] == "system" else 0
+        rows.append(
+            {
+                "id": r["id"],
+                "key": r["key"],
+                "source_index": r["source_index"],
+                "messages": r["messages"][: head + 2 * n],
+                "response_ids": r["response_ids"][:n],
+                "finish": r["finish"][:n],
+            }
+        )
+    n_tokens = sum(len(ids) for row in rows for ids in row["response_ids"])
+    stats = {
+        "conversations": len(rows),
+        "assistant_turns": sum(len(row["finish"]) for row in rows),
+        "response_tokens": n_tokens,
+        "turns_by_finish": dict(finish),
+        "conversations_stopped_early": dict(stopped),
+        "length_cut_turns_dropped": dropped_turns,
+        "conversations_dropped": dropped_convs,
+        "mean_response_tokens": round(n_tokens / max(1, sum(len(r["finish"]) for r in rows)), 1),
+    }
+    if run_stats:
+        stats["run"] = run_stats
+    meta = {"target": target_identity, "distill": manifest, "stats": stats}
+    columns = {name: [row[name] for row in rows] for name in DATASET_FEATURES}
+    ds = Dataset.from_dict(columns, features=DATASET_FEATURES)
+    ds.info.description = json.dumps(meta)
+    final, tmp = out_dir / "dataset", out_dir / f".dataset.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    ds.save_to_disk(str(tmp))
+    _write_json_atomic(tmp / "drafters_meta.json", meta)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _write_json_atomic(out_dir / "stats.json", stats)
+    return ds, stats
+
+
+def load_distilled(path: str | Path, target_identity=None):
+    """The distilled dataset at `path` (the `dataset` folder or its parent), checked against the
+    target it will train a drafter for."""
+    from datasets import load_from_disk
+
+    path = Path(path)
+    if (path / "dataset").is_dir():
+        path = path / "dataset"
+    meta_path = path / "drafters_meta.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(
+            f"no distilled dataset at {path}; make it with `python data/distill.py` "
+            "(see README: Data)"
+        )
+    meta = json.loads(meta_path.read_text())
+    if target_identity is not None:
+        problem = target_identity.mismatch(meta["target"], f"distilled dataset {path}")
+        if problem:
+            raise ValueError(problem)
+    return load_from_disk(str(path)), meta
+
+
+def distill(cfg) -> dict:
+    """The `python data/distill.py` job: distil, merge, print and save the statistics."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    target = instantiate(cfg.target)
+    gen = DistillConfig(**OmegaConf.to_container(cfg.generation, resolve=True))
+    run_stats = run_distillation(
+        target,
+        cfg.source,
+        cfg.out_dir,
+        gen,
+        split=cfg.split,
+        val_fraction=cfg.val_fraction,
+        max_conversations=cfg.max_conversations,
+    )
+    _, stats = finalize(cfg.out_dir, target.identity.to_dict(), run_stats)
+    print(json.dumps(stats, indent=1))
+    print(f"[distill] dataset: {Path(cfg.out_dir) / 'dataset'}; stats: {cfg.out_dir}/stats.json")
+    return stats

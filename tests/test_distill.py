@@ -1,0 +1,157 @@
+import json
+
+import pytest
+
+import drafters.distill as D
+from drafters.distill import DistillConfig, DistillResumeError, finalize, load_distilled
+
+
+def make_source(path, n=7):
+    rows = []
+    for i in range(n):
+        turns = [{"from": "human", "value": f"question {i}"}, {"from": "gpt", "value": "old"}]
+        if i % 2:
+            turns += [{"from": "human", "value": f"follow-up {i}"}, {"from": "gpt", "value": "x"}]
+        rows.append({"id": f"c{i}", "conversations": turns})
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+CFG = DistillConfig(max_new_tokens=6, batch_size=3, drop_length_cut=False)
+
+
+def dataset_rows(out):
+    ds, meta = load_distilled(out)
+    return ds.to_list(), meta
+
+
+def test_turns_are_regenerated_from_own_answers(tmp_path, tiny):
+    src = make_source(tmp_path / "c.jsonl")
+    D.run_distillation(tiny, src, tmp_path / "out", CFG, split=None)
+    finalize(tmp_path / "out", tiny.identity.to_dict())
+    rows, meta = dataset_rows(tmp_path / "out")
+    assert [r["id"] for r in rows] == [f"c{i}" for i in range(7)]
+    two = rows[1]
+    assert [m["role"] for m in two["messages"]] == ["user", "assistant"] * 2
+    assert all(m["content"] != "old" for m in two["messages"] if m["role"] == "assistant")
+    assert len(two["response_ids"]) == 2 and all(len(x) <= 6 for x in two["response_ids"])
+    assert set(two["finish"]) <= {"eos", "length"}
+    assert meta["target"]["tokenizer_hash"] == tiny.identity.tokenizer_hash
+    # the answer text is the decoded token ids; EOS (when present) is the last id
+    tok = tiny.tokenizer
+    for msg, ids, fin in zip(two["messages"][1::2], two["response_ids"], two["finish"], strict=1):
+        body = ids[:-1] if fin == "eos" else ids
+        assert msg["content"] == tok.decode(body, skip_special_tokens=True)
+
+
+def test_killed_run_resumes_to_identical_dataset(tmp_path, tiny, monkeypatch):
+    src = make_source(tmp_path / "c.jsonl")
+    D.run_distillation(tiny, src, tmp_path / "whole", CFG, split=None)
+    finalize(tmp_path / "whole", tiny.identity.to_dict())
+
+    real, calls = D.generate_turns, []
+
+    def dies_on_second_batch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # killed mid-run
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(D, "generate_turns", dies_on_second_batch)
+    with pytest.raises(KeyboardInterrupt):
+        D.run_distillation(tiny, src, tmp_path / "resumed", CFG, split=None)
+    monkeypatch.setattr(D, "generate_turns", real)
+    stats = D.run_distillation(tiny, src, tmp_path / "resumed", CFG, split=None)
+    assert stats["batches_resumed"] == 1 and stats["batches"] == 3
+    finalize(tmp_path / "resumed", tiny.identity.to_dict())
+    assert dataset_rows(tmp_path / "resumed")[0] == dataset_rows(tmp_path / "whole")[0]
+
+
+def test_resume_with_other_settings_is_refused(tmp_path, tiny):
+    src = make_source(tmp_path / "c.jsonl", n=2)
+    D.run_distillation(tiny, src, tmp_path / "out", CFG, split=None)
+    other = DistillConfig(max_new_tokens=7, batch_size=3, drop_length_cut=False)
+    with pytest.raises(DistillResumeError, match="config"):
+        D.run_distillation(tiny, src, tmp_path / "out", other, split=None)
+
+
+def test_length_cut_turns_are_dropped_with_later_turns(tmp_path, tiny):
+    src = make_source(tmp_path / "c.jsonl", n=4)
+    cfg = DistillConfig(max_new_tokens=3, batch_size=4, drop_length_cut=True)
+    D.run_distillation(tiny, src, tmp_path / "out", cfg, split=None)
+    # hand-written outcomes: c0 ends by EOS; c1 turn 1 EOS, turn 2 cut; c2 cut; c3 both EOS
+    shard = tmp_path / "out" / "shards" / "batch-000000.json"
+    data = json.loads(shard.read_text())
+    finishes = [["eos"], ["eos", "length"], ["length"], ["eos", "eos"]]
+    for r, fin in zip(data["records"], finishes, strict=True):
+        r["finish"] = fin
+        r["response_ids"] = r["response_ids"][:1] * len(fin)
+        user = [m for m in r["messages"] if m["role"] == "user"]
+        r["messages"] = [
+            m for u in user[: len(fin)] for m in (u, {"role": "assistant", "content": "a"})
+        ]
+    shard.write_text(json.dumps(data))
+    _, stats = finalize(tmp_path / "out", tiny.identity.to_dict())
+    rows, _ = dataset_rows(tmp_path / "out")
+    assert [(r["id"], r["finish"]) for r in rows] == [
+        ("c0", ["eos"]),
+        ("c1", ["eos"]),
+        ("c3", ["eos", "eos"]),
+    ]
+    assert [m["role"] for m in rows[1]["messages"]] == ["user", "assistant"]
+    assert stats["length_cut_turns_dropped"] == 2 and stats["conversations_dropped"] == 1
+
+
+def test_generation_stops_a_conversation_at_its_first_length_cut(tiny):
+    from drafters.data.sharegpt import Conversation
+
+    msgs = ({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}) * 3
+    conv = Conversation("x", msgs, 0)
+    keep = D.generate_turns(tiny, [conv], DistillConfig(max_new_tokens=2), 0)[0]
+    assert keep["finish"] == ["length"] and keep["stopped"] == "length_cut"
+    cfg = DistillConfig(max_new_tokens=2, drop_length_cut=False, max_turns=2)
+    every = D.generate_turns(tiny, [conv], cfg, 0)[0]
+    assert every["finish"] == ["length", "length"] and every["stopped"] is None
+
+
+def test_dataset_for_another_target_is_refused(tmp_path, tiny):
+    from drafters.target import tiny_target
+
+    src = make_source(tmp_path / "c.jsonl", n=1)
+    D.run_distillation(tiny, src, tmp_path / "out", CFG, split=None)
+    finalize(tmp_path / "out", tiny.identity.to_dict())
+    with pytest.raises(ValueError, match="hidden_size"):
+        load_distilled(tmp_path / "out", tiny_target(hidden_size=32).identity)
+    with pytest.raises(FileNotFoundError, match="python data/distill.py"):
+        load_distilled(tmp_path / "nothing")
+
+
+@pytest.mark.slow
+def test_end_to_end_with_the_embedded_target(tmp_path):
+    """`python data/distill.py` as a user runs it, on real ShareGPT with real SmolLM2."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "distilled"
+    cmd = [
+        sys.executable,
+        str(root / "data" / "distill.py"),
+        "max_conversations=3",
+        "generation.max_new_tokens=24",
+        "generation.max_turns=2",
+        "generation.batch_size=3",
+        "generation.drop_length_cut=false",
+        f"out_dir={out}",
+        f"paths.log_dir={tmp_path / 'logs'}",
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "tokens_per_s_this_run" in res.stdout
+    rows, meta = dataset_rows(out)
+    assert len(rows) == 3
+    assert meta["target"]["name"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert meta["stats"]["run"]["read"]["skipped"]["truncated_tail"] == 0  # stopped before the cut
+    first = rows[0]["messages"]
+    assert first[0]["role"] == "user" and first[1]["role"] == "assistant" and first[1]["content"]
