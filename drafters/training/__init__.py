@@ -1,0 +1,1 @@
+"""Training: examples, feature caches, the DataModule and the LightningModule."""

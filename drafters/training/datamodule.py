@@ -1,0 +1,139 @@
+"""LightningDataModule over a distilled dataset, with online or offline target features.
+
+Both feature modes yield identical batches (same examples, same order, same padding); offline
+batches additionally carry `features` (B, T, d) read from the memory-mapped cache, online ones
+get them from the target inside the training step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from drafters.data.sharegpt import split_of
+from drafters.distill import load_distilled
+from drafters.target import Target
+from drafters.training.examples import ConversationExamples, LengthBucketBatchSampler, collate
+from drafters.training.feature_cache import FeatureCache
+
+FEATURE_MODES = ("online", "offline")
+
+
+class _Collator:
+    def __init__(self, examples: ConversationExamples, pad_id: int, cache: FeatureCache | None):
+        self.examples, self.pad_id, self.cache = examples, pad_id, cache
+
+    def __call__(self, indices: list[int]):
+        exs = [self.examples[i] for i in indices]
+        feats = [self.cache[e.key] for e in exs] if self.cache is not None else None
+        return collate(exs, self.pad_id, feats)
+
+
+class DistilledDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        dataset_dir: str,
+        max_length: int = 1024,
+        batch_size: int = 4,
+        val_fraction: float = 0.05,
+        features: str = "online",
+        cache_dir: str | None = None,
+        num_workers: int = 0,
+        seed: int = 0,
+        pool_batches: int = 64,
+        distill_command: str = "python data/distill.py",
+    ):
+        super().__init__()
+        if features not in FEATURE_MODES:
+            raise ValueError(f"data.features={features!r}: use one of {FEATURE_MODES}")
+        if features == "offline" and not cache_dir:
+            raise ValueError("data.features=offline needs data.cache_dir")
+        self.dataset_dir = dataset_dir
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.val_fraction = val_fraction
+        self.features = features
+        self.cache_dir = cache_dir
+        self.num_workers = num_workers
+        self.seed = seed
+        self.pool_batches = pool_batches
+        self.distill_command = distill_command
+        self.target: Target | None = None
+        self.train_set: ConversationExamples | None = None
+        self.val_set: ConversationExamples | None = None
+
+    def attach(self, target: Target) -> DistilledDataModule:
+        """The target whose tokenizer renders the examples (and whose identity guards caches)."""
+        self.target = target
+        return self
+
+    def load_examples(self) -> tuple[ConversationExamples, ConversationExamples]:
+        if self.target is None:
+            raise RuntimeError("call datamodule.attach(target) before setup")
+        if (
+            not (Path(self.dataset_dir) / "dataset").is_dir()
+            and not Path(self.dataset_dir).joinpath("drafters_meta.json").is_file()
+        ):
+            raise FileNotFoundError(
+                f"no distilled dataset at {self.dataset_dir}; make it first with:\n  "
+                f"{self.distill_command}"
+            )
+        ds, _ = load_distilled(self.dataset_dir, self.target.identity)
+        rows = ds.to_list()
+        # validation = held-out conversations (by id) of the distilled training split
+        val = [r for r in rows if split_of(r["id"], self.val_fraction) == "validation"]
+        train = [r for r in rows if split_of(r["id"], self.val_fraction) == "train"]
+        if not train or not val:
+            raise ValueError(
+                f"{self.dataset_dir}: {len(rows)} conversations give {len(train)} train / "
+                f"{len(val)} validation examples at data.val_fraction={self.val_fraction}; "
+                "distil more conversations or change data.val_fraction"
+            )
+        tok, eos = self.target.tokenizer, self.target.eos_token_ids
+        return (
+            ConversationExamples(train, tok, self.max_length, eos),
+            ConversationExamples(val, tok, self.max_length, eos),
+        )
+
+    def cache_folder(self, split: str) -> Path:
+        return Path(self.cache_dir) / split
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_set is None:
+            self.train_set, self.val_set = self.load_examples()
+
+    def _loader(self, examples: ConversationExamples, split: str, train: bool) -> DataLoader:
+        cache = None
+        if self.features == "offline":
+            cache = FeatureCache(self.cache_folder(split), self.target, examples)
+        trainer = self.trainer
+        rank = trainer.global_rank if trainer is not None else 0
+        world = trainer.world_size if trainer is not None else 1
+        sampler = LengthBucketBatchSampler(
+            examples.lengths,
+            self.batch_size,
+            seed=self.seed,
+            shuffle=train,
+            rank=rank,
+            world_size=world,
+            pool_batches=self.pool_batches,
+        )
+        if train and trainer is not None:
+            # Resume mid-epoch: skip the batches of this epoch that were already trained.
+            sampler.set_epoch(trainer.current_epoch)
+            sampler.start_batch = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        pad = self.target.tokenizer.pad_token_id
+        return DataLoader(
+            list(range(len(examples))),
+            batch_sampler=sampler,
+            collate_fn=_Collator(examples, pad, cache),
+            num_workers=self.num_workers,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, "train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, "validation", train=False)

@@ -1,0 +1,160 @@
+"""Offline target features: computed once, stored as memory-mapped shards, reused by every run.
+
+Layout of a cache folder:
+
+    meta.json            target identity, examples fingerprint, dtype, hidden size, totals
+    shard-000000.npy     (tokens, d) features f_j of a run of consecutive examples
+    shard-000000.json    the keys and token counts of those examples, in order
+    ...
+
+Only `f` is stored (~2·d bytes a token in bf16): the target's distribution p_j = softmax(W f_j)
+is recomputed from it with the frozen LM head, so the KL loss needs no vocabulary-sized cache.
+Shards are written atomically and the build resumes from the first missing shard. A cache made
+for another target, tokenizer or data is refused with an error naming both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from drafters.target import Target
+from drafters.training.examples import ConversationExamples, collate
+
+DTYPES = {
+    "bfloat16": (torch.bfloat16, np.uint16),
+    "float16": (torch.float16, np.float16),
+    "float32": (torch.float32, np.float32),
+}
+
+
+class FeatureCacheError(RuntimeError):
+    pass
+
+
+def _meta(target: Target, examples: ConversationExamples, dtype: str, shard_examples: int):
+    return {
+        "target": target.identity.to_dict(),
+        "examples_fingerprint": examples.fingerprint(),
+        "num_examples": len(examples),
+        "num_tokens": examples.num_tokens,
+        "hidden_size": target.hidden_size,
+        "dtype": dtype,
+        "shard_examples": shard_examples,
+    }
+
+
+def build_feature_cache(
+    target: Target,
+    examples: ConversationExamples,
+    folder: str | Path,
+    dtype: str = "bfloat16",
+    batch_size: int = 8,
+    shard_examples: int = 256,
+) -> dict:
+    """Compute and store f for every example (resumable). Returns the cache's meta dict."""
+    if dtype not in DTYPES:
+        raise FeatureCacheError(f"feature cache dtype {dtype!r}: use one of {sorted(DTYPES)}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = _meta(target, examples, dtype, shard_examples)
+    meta_path = folder / "meta.json"
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        problem = target.identity.mismatch(old["target"], f"feature cache {folder}")
+        if problem or {k: v for k, v in old.items() if k != "bytes_per_token"} != meta:
+            raise FeatureCacheError(
+                (problem or f"feature cache {folder} was built from other examples or settings")
+                + "; delete it or choose another data.cache_dir"
+            )
+    torch_dtype, np_dtype = DTYPES[dtype]
+    n_shards = -(-len(examples) // shard_examples)
+    pad = target.tokenizer.pad_token_id
+    t0, tokens = time.perf_counter(), 0
+    bar = tqdm(total=len(examples), unit="conv", desc="features", dynamic_ncols=True)
+    for s in range(n_shards):
+        lo, hi = s * shard_examples, min(len(examples), (s + 1) * shard_examples)
+        npy, idx = folder / f"shard-{s:06d}.npy", folder / f"shard-{s:06d}.json"
+        if npy.exists() and idx.exists():
+            bar.update(hi - lo)
+            continue
+        # sort by length inside the shard so batches carry little padding
+        order = sorted(range(lo, hi), key=lambda i: len(examples[i].input_ids))
+        feats: dict[int, torch.Tensor] = {}
+        for b in range(0, len(order), batch_size):
+            chunk = order[b : b + batch_size]
+            batch = collate([examples[i] for i in chunk], pad)
+            ids = batch["input_ids"].to(target.device)
+            f, _ = target.features(ids, batch["attention_mask"].to(target.device))
+            for row, i in enumerate(chunk):
+                feats[i] = f[row, : len(examples[i].input_ids)].to("cpu", torch_dtype)
+            bar.update(len(chunk))
+        stacked = torch.cat([feats[i] for i in range(lo, hi)])
+        tokens += stacked.shape[0]
+        arr = (
+            stacked.view(torch.int16).numpy().view(np_dtype)
+            if dtype == "bfloat16"
+            else (stacked.numpy())
+        )
+        tmp = folder / f".shard-{s:06d}.tmp.npy"
+        np.save(tmp, arr)
+        os.replace(tmp, npy)
+        entries = [[examples[i].key, len(examples[i].input_ids)] for i in range(lo, hi)]
+        idx.with_suffix(".tmp").write_text(json.dumps(entries))
+        os.replace(idx.with_suffix(".tmp"), idx)
+        bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - t0):.0f}")
+    bar.close()
+    size = sum(p.stat().st_size for p in folder.glob("shard-*.npy"))
+    meta["bytes_per_token"] = round(size / max(1, examples.num_tokens), 1)
+    meta_path.write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+class FeatureCache:
+    """Read side: `cache[key]` -> (L, d) features of one example, memory-mapped from disk."""
+
+    def __init__(self, folder: str | Path, target: Target, examples: ConversationExamples):
+        self.folder = Path(folder)
+        meta_path = self.folder / "meta.json"
+        if not meta_path.exists():
+            raise FeatureCacheError(
+                f"no feature cache at {self.folder}; build it with "
+                "`python data/cache_features.py` (same overrides as for train.py)"
+            )
+        meta = json.loads(meta_path.read_text())
+        problem = target.identity.mismatch(meta["target"], f"feature cache {self.folder}")
+        if problem:
+            raise FeatureCacheError(problem + "; rebuild it with `python data/cache_features.py`")
+        if meta["examples_fingerprint"] != examples.fingerprint():
+            raise FeatureCacheError(
+                f"feature cache {self.folder} was built from other examples (data or max_length "
+                "changed); rebuild it with `python data/cache_features.py`"
+            )
+        self.meta = meta
+        self.torch_dtype = DTYPES[meta["dtype"]][0]
+        self.index: dict[str, tuple[int, int, int]] = {}  # key -> (shard, offset, length)
+        self.shards: list[np.ndarray] = []
+        for s, idx in enumerate(sorted(self.folder.glob("shard-*.json"))):
+            self.shards.append(np.load(idx.with_suffix(".npy"), mmap_mode="r"))
+            offset = 0
+            for key, length in json.loads(idx.read_text()):
+                self.index[key] = (s, offset, length)
+                offset += length
+        missing = len(examples) - len(self.index)
+        if missing:
+            raise FeatureCacheError(
+                f"feature cache {self.folder} is incomplete ({missing} examples missing); "
+                "finish it with `python data/cache_features.py` (it resumes)"
+            )
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        s, offset, length = self.index[key]
+        arr = np.array(self.shards[s][offset : offset + length])  # copy out of the memmap
+        t = torch.from_numpy(arr)
+        return t.view(torch.bfloat16) if self.torch_dtype == torch.bfloat16 else t

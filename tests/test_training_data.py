@@ -1,0 +1,121 @@
+import pytest
+import torch
+
+from drafters.target import tiny_target
+from drafters.training.datamodule import DistilledDataModule
+from drafters.training.examples import ConversationExamples, LengthBucketBatchSampler
+from drafters.training.feature_cache import (
+    FeatureCache,
+    FeatureCacheError,
+    build_feature_cache,
+)
+
+
+def examples_of(target, dataset_dir, max_length=64):
+    from drafters.distill import load_distilled
+
+    ds, _ = load_distilled(dataset_dir, target.identity)
+    return ConversationExamples(ds.to_list(), target.tokenizer, max_length, target.eos_token_ids)
+
+
+def test_sampler_is_deterministic_resumable_and_rank_sharded():
+    lengths = [(i * 37) % 50 + 1 for i in range(103)]
+    s = LengthBucketBatchSampler(lengths, batch_size=4, seed=3, pool_batches=4)
+    s.set_epoch(2)
+    full = list(s)
+    assert full == list(s)  # same epoch, same order
+    s.set_epoch(3)
+    assert list(s) != full  # reshuffled per epoch
+    resumed = LengthBucketBatchSampler(lengths, batch_size=4, seed=3, pool_batches=4)
+    resumed.set_epoch(2)
+    resumed.start_batch = 5
+    assert list(resumed) == full[5:] and len(resumed) == len(full) - 5
+    resumed.set_epoch(3)  # next epoch starts from its first batch again
+    assert len(list(resumed)) == len(full)
+    ranks = [LengthBucketBatchSampler(lengths, 4, seed=3, rank=r, world_size=2) for r in (0, 1)]
+    a, b = (list(r) for r in ranks)
+    assert len(a) == len(b)
+    flat_a, flat_b = {i for x in a for i in x}, {i for x in b for i in x}
+    assert not flat_a & flat_b
+
+
+def test_buckets_cut_padding():
+    lengths = [1 + (i * 7919) % 500 for i in range(512)]
+    bucketed = LengthBucketBatchSampler(lengths, 8, seed=0, pool_batches=64)
+    plain = LengthBucketBatchSampler(lengths, 8, seed=0, pool_batches=1)
+
+    def pad(s):
+        return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in s)
+
+    assert pad(bucketed) < 0.2 * pad(plain)
+
+
+def test_offline_cache_equals_online_features(tmp_path, tiny, tiny_distilled):
+    ex = examples_of(tiny, tiny_distilled)
+    meta = build_feature_cache(
+        tiny, ex, tmp_path / "cache", dtype="float32", batch_size=3, shard_examples=5
+    )
+    assert meta["bytes_per_token"] == pytest.approx(4 * tiny.hidden_size, rel=0.05)
+    cache = FeatureCache(tmp_path / "cache", tiny, ex)
+    for e in list(ex)[:6]:
+        online, _ = tiny.features(torch.tensor([e.input_ids]))
+        torch.testing.assert_close(cache[e.key], online[0], atol=1e-5, rtol=1e-4)
+
+
+def test_cache_build_resumes_and_bf16_halves_size(tmp_path, tiny, tiny_distilled):
+    ex = examples_of(tiny, tiny_distilled)
+    build_feature_cache(tiny, ex, tmp_path / "c", dtype="bfloat16", shard_examples=4)
+    first = tmp_path / "c" / "shard-000001.npy"
+    first.unlink()  # as if killed before this shard was written
+    stamp = (tmp_path / "c" / "shard-000000.npy").stat().st_mtime_ns
+    meta = build_feature_cache(tiny, ex, tmp_path / "c", dtype="bfloat16", shard_examples=4)
+    assert first.exists()
+    assert (tmp_path / "c" / "shard-000000.npy").stat().st_mtime_ns == stamp  # not redone
+    assert meta["bytes_per_token"] == pytest.approx(2 * tiny.hidden_size, rel=0.05)
+    e = ex[0]
+    online, _ = tiny.features(torch.tensor([e.input_ids]))
+    cached = FeatureCache(tmp_path / "c", tiny, ex)[e.key]
+    assert cached.dtype == torch.bfloat16
+    torch.testing.assert_close(cached.float(), online[0], atol=2e-2, rtol=2e-2)
+
+
+def test_cache_for_another_tokenizer_or_data_is_refused(tmp_path, tiny, tiny_distilled):
+    ex = examples_of(tiny, tiny_distilled)
+    build_feature_cache(tiny, ex, tmp_path / "c", dtype="float32")
+    other = tiny_target(seed=0)
+    other.tokenizer.add_tokens(["<extra>"])
+    other._identity = None
+    with pytest.raises(FeatureCacheError, match="tokenizer_hash"):
+        FeatureCache(tmp_path / "c", other, ex)
+    with pytest.raises(FeatureCacheError, match="other examples"):
+        FeatureCache(tmp_path / "c", tiny, examples_of(tiny, tiny_distilled, max_length=16))
+
+
+def test_online_and_offline_batches_are_identical(tmp_path, tiny, tiny_distilled):
+    online = DistilledDataModule(
+        str(tiny_distilled), max_length=64, batch_size=3, val_fraction=0.25
+    ).attach(tiny)
+    online.setup()
+    build_feature_cache(tiny, online.train_set, tmp_path / "cache" / "train", dtype="float32")
+    offline = DistilledDataModule(
+        str(tiny_distilled),
+        max_length=64,
+        batch_size=3,
+        val_fraction=0.25,
+        features="offline",
+        cache_dir=str(tmp_path / "cache"),
+    ).attach(tiny)
+    offline.setup()
+    a, b = next(iter(online.train_dataloader())), next(iter(offline.train_dataloader()))
+    for k in ("input_ids", "attention_mask", "loss_mask"):
+        assert torch.equal(a[k], b[k])
+    f, _ = tiny.features(a["input_ids"], a["attention_mask"])
+    m = a["attention_mask"].bool()
+    torch.testing.assert_close(b["features"][m], f[m], atol=1e-5, rtol=1e-4)
+    assert len(online.val_set) > 0 and len(online.train_set) > len(online.val_set)
+
+
+def test_missing_dataset_says_how_to_make_it(tmp_path, tiny):
+    dm = DistilledDataModule(str(tmp_path / "none"), distill_command="python data/distill.py X")
+    with pytest.raises(FileNotFoundError, match="python data/distill.py X"):
+        dm.attach(tiny).setup()
