@@ -1,0 +1,187 @@
+"""Coupled Sequential Glancing Distillation (methods.md section 4), batched, any padding.
+
+At decoding time only the first drafter pass reads true target pairs; later passes read the
+drafter's own predicted (feature, token) pairs. CSGD trains on such inputs:
+
+1. Pass 1, no gradient, true inputs (f_j, t_{j+1}) (+ noise): output j predicts f_{j+k} and
+   t_{j+k+1}. It therefore provides the *own pair* of input position m = j + k:
+       own(m) = (f̂_m, t̂_{m+1}) = (out1[m-k], argmax lm_head(out1[m-k]))   (coupled by design)
+2. Hamming distance per sequence: d = #{valid j : t̂_{j+k+1} != t_{j+k+1}} (valid as in
+   `falcon_loss`: generated labels only, never padding).
+3. Pass-2 inputs: own(m) at every candidate m (m = j + k for a valid j: a generated position
+   whose pair the drafter predicted), the true pair elsewhere (prompt, user turns, the first k
+   positions, padding), as at decoding time where the prompt is always true. Then glance:
+   N = floor(lam * d + 0.5) candidates get their true pair back, feature and token together,
+   as contiguous runs that end right before a predicted block: aligned blocks of k are taken
+   in a random order (from `generator`), each from its end backwards, until N positions are
+   chosen; the last block may be partial, keeping its tail.
+
+       k = 2, candidates m = 2..9 (o = own pair, T = true pair)
+       m            0 1 | 2 3 | 4 5 | 6 7 | 8 9      (| = aligned block boundary)
+       pass 1 in    T T | T T | T T | T T | T T
+       pass 2, N=0  T T | o o | o o | o o | o o
+       pass 2, N=3  T T | o o | T T | o T | o o      ([4 5] whole, then the tail of [6 7])
+
+4. Pass 2 with gradient, `falcon_loss` against the true f_{j+k}, t_{j+k+1}. With
+   loss_on_glanced=False, outputs at glanced input positions (whose input pair was true) are
+   left out of the loss (GLAT-style).
+
+`teacher_forcing_only=True` skips all of it: one pass with gradient on true inputs.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from drafters.losses.falcon import (
+    add_feature_noise,
+    block_accuracy,
+    block_offset,
+    falcon_loss,
+    falcon_valid,
+)
+from drafters.losses.labels import default_position_ids, shift_left
+
+
+def csgd_lambda(progress: float, start: float = 0.4, end: float = 0.0) -> float:
+    """Glance ratio at training progress in [0, 1]: linear from `start` to `end` (paper:
+    0.4 -> 0 over the epochs; the released code uses 0.45 -> 0.10)."""
+    p = min(max(float(progress), 0.0), 1.0)
+    return start + (end - start) * p
+
+
+def _shift_right(x: torch.Tensor, n: int) -> torch.Tensor:
+    """y[:, m] = x[:, m-n]; the first n positions are zero/False."""
+    return torch.cat([torch.zeros_like(x[:, :n]), x[:, : x.shape[1] - n]], dim=1)
+
+
+def choose_glance(
+    candidates: torch.Tensor,
+    n: torch.Tensor,
+    position_ids: torch.Tensor,
+    k: int,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """(B, T) bool: n[b] candidate positions per row, in runs ending at aligned block ends.
+
+    Blocks (position_ids // k) get a random rank per row; candidates are ordered by (block
+    rank, distance to the block's end) and the first n[b] are glanced.
+    """
+    B, T = candidates.shape
+    blk = position_ids // k  # (B, T)
+    nblk = int(blk.max()) + 1 if T else 1
+    dev = generator.device if generator is not None else candidates.device
+    r = torch.rand(B, nblk, generator=generator, device=dev).to(candidates.device)
+    rank = r.argsort(-1).argsort(-1)  # (B, nblk): random block order
+    key = rank.gather(1, blk) * k + (k - 1 - position_ids % k)  # block order, tail first
+    key = key.masked_fill(~candidates, (nblk + 1) * k)
+    place = key.argsort(dim=-1, stable=True).argsort(dim=-1)  # (B, T): place of m in that order
+    return candidates & (place < n.unsqueeze(-1))
+
+
+class Pass2Inputs(NamedTuple):
+    features: torch.Tensor  # (B, T, d) pass-2 input features
+    next_tokens: torch.Tensor  # (B, T) pass-2 input tokens (t_{m+1} slot)
+    own: torch.Tensor  # (B, T) bool: input is the drafter's own pair
+    glanced: torch.Tensor  # (B, T) bool: candidate given back its true pair
+    hamming: torch.Tensor  # (B,) d
+    n_glance: torch.Tensor  # (B,) N
+
+
+def pass2_inputs(
+    pred1: torch.Tensor,
+    tok1: torch.Tensor,
+    features: torch.Tensor,
+    next_tokens: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    k: int,
+    lam: float,
+    generator: torch.Generator | None = None,
+) -> Pass2Inputs:
+    """pred1 (B, T, d) pass-1 outputs, tok1 (B, T) their argmax tokens (read at valid j only);
+    features/next_tokens (B, T, .) the true pass-1 inputs. See the module docstring."""
+    valid = falcon_valid(loss_mask, k)  # (B, T): output j is compared with t_{j+k+1}
+    wrong = valid & (tok1 != shift_left(input_ids, k + 1))
+    hamming = wrong.sum(-1)  # (B,)
+    cand = _shift_right(valid, k)  # input m = j + k holds own(m) from output j
+    n = torch.floor(lam * hamming.double() + 0.5).long()
+    n = torch.minimum(n, cand.sum(-1))
+    glanced = choose_glance(cand, n, position_ids, k, generator)
+    own = cand & ~glanced
+    f2 = torch.where(own.unsqueeze(-1), _shift_right(pred1, k).to(features.dtype), features)
+    t2 = torch.where(own, _shift_right(tok1, k), next_tokens)
+    return Pass2Inputs(f2, t2, own, glanced, hamming, n)
+
+
+def csgd_step(
+    drafter: nn.Module,
+    features: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    loss_mask: torch.Tensor,
+    embed: nn.Embedding,
+    lm_head: nn.Module,
+    k: int,
+    lam: float,
+    teacher_forcing_only: bool = False,
+    loss_on_glanced: bool = True,
+    generator: torch.Generator | None = None,
+    target_logits: torch.Tensor | None = None,
+    *,
+    noise: float = 0.0,
+    per_sequence: bool = False,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One Falcon training loss on a batch: features (B, T, d) true f, input_ids,
+    attention_mask, loss_mask (B, T). `noise`: half-width of the uniform noise added to true
+    input features (targets stay clean). Returns (loss, metrics) with the keys of
+    `falcon_loss` (pass 2; acc_pos{p} always from the teacher-forced pass) plus
+    acc_pass2[_pos{p}] (pass-2 positions whose input is the drafter's own pair), hamming (mean d
+    per sequence), hamming_rate (sum d / valid positions), glance_ratio (sum N / sum d)."""
+    pos = default_position_ids(attention_mask, input_ids)  # same as the drafter's default
+    nxt = shift_left(input_ids, 1)  # t_{j+1} at position j
+    x1 = add_feature_noise(features, noise, generator=generator)
+    common = dict(position_ids=pos, per_sequence=per_sequence)
+    valid = falcon_valid(loss_mask, k)
+    n_valid = valid.sum().clamp(min=1)
+    if teacher_forcing_only:
+        pred = drafter(x1, nxt, embed, attention_mask, pos)
+        loss, m = falcon_loss(
+            pred, features, lm_head, target_logits, input_ids, loss_mask, k, **common
+        )
+        m["hamming"] = (1 - m["acc"]) * valid.sum() / input_ids.shape[0]
+        m["hamming_rate"] = 1 - m["acc"]
+        m["glance_ratio"] = torch.zeros(())
+        return loss, m
+
+    with torch.no_grad():  # pass 1
+        pred1 = drafter(x1, nxt, embed, attention_mask, pos)
+        b, j = valid.nonzero(as_tuple=True)
+        tok1 = torch.zeros_like(input_ids)
+        tok1[b, j] = lm_head(pred1[b, j]).argmax(-1)
+        hit1 = tok1[b, j] == input_ids[b, j + k + 1]
+    inp = pass2_inputs(pred1, tok1, x1, nxt, input_ids, loss_mask, pos, k, lam, generator)
+    pred2 = drafter(inp.features, inp.next_tokens, embed, attention_mask, pos)  # pass 2
+    loss, m = falcon_loss(
+        pred2,
+        features,
+        lm_head,
+        target_logits,
+        input_ids,
+        loss_mask,
+        k,
+        include=None if loss_on_glanced else ~inp.glanced,
+        metric_mask=inp.own,
+        tag="_pass2",
+        **common,
+    )
+    m.update(block_accuracy(hit1, block_offset(pos[b, j], k), k))
+    d, n = inp.hamming.sum(), inp.n_glance.sum()
+    m["hamming"] = inp.hamming.float().mean()
+    m["hamming_rate"] = d.float() / n_valid
+    m["glance_ratio"] = n.float() / d.clamp(min=1)
+    return loss, {name: v.detach().float() for name, v in m.items()}

@@ -1,0 +1,236 @@
+"""Falcon drafter (methods.md section 4): semi-autoregressive, k tokens per forward.
+
+Position j reads the pair (f_j, emb(t_{j+1})), fuses it 2d -> d (Linear as EAGLE, or an LSTM
+with a real recurrence over T), runs two Llama decoder layers under the relaxed mask and outputs
+a feature (no final norm). Position j is trained to output f_{j+k}; the caller's frozen LM head
+turns it into the distribution of t_{j+k+1}. So the block (f1,t2),(f2,t3) predicts (f3,f4) and
+(t4,t5).
+
+Relaxed (block-causal) mask, k = 2, blocks aligned at absolute position 0 (1 = may attend):
+
+    q\\kv  0 1 2 3 4 5
+      0   1 1 . . . .
+      1   1 1 . . . .
+      2   1 1 1 1 . .
+      3   1 1 1 1 . .
+      4   1 1 1 1 1 1
+      5   1 1 1 1 1 1
+
+Inside `FalconDrafter.forward` blocks are counted on the position ids (default: count of real
+tokens before the position), so a left-padded row gets the blocks of the same row unpadded.
+The target's embedding and LM head are arguments, never submodules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from drafters.models.kv_cache import FalconKVCache
+from drafters.models.llama import DecoderLayer, layer_num_params, rope_cos_sin
+
+__all__ = ["FalconConfig", "FalconDrafter", "FalconKVCache", "block_causal_mask"]
+
+
+@dataclass(frozen=True)
+class FalconConfig:
+    hidden_size: int  # d, the target's hidden size
+    vocab_size: int  # V, the target's vocabulary (the LM head is the target's)
+    k: int = 2  # tokens per drafter forward (block size of the relaxed mask)
+    num_layers: int = 2
+    num_attention_heads: int = 8
+    num_key_value_heads: int | None = None  # None: num_attention_heads (no GQA)
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    intermediate_size: int | None = None  # None: 8d/3 rounded up to a multiple of 256
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    fusion: str = "linear"  # "linear" (EAGLE) or "lstm" (paper's figure, batch_first)
+
+    def __post_init__(self):
+        if self.fusion not in ("linear", "lstm"):
+            raise ValueError(f"fusion must be 'linear' or 'lstm', not {self.fusion!r}")
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, not {self.k}")
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.intermediate_size is None:
+            inter = 256 * math.ceil(8 * self.hidden_size / 3 / 256)
+            object.__setattr__(self, "intermediate_size", inter)
+
+    @classmethod
+    def from_target_config(cls, hf_config, **overrides) -> FalconConfig:
+        """Layer shapes of the target (HF Llama-family config); `overrides` win.
+
+        RoPE scaling of the target (e.g. Llama-3 `rope_type`) is not reproduced: the drafter
+        uses plain RoPE with the target's theta.
+        """
+        rope = getattr(hf_config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta") or getattr(hf_config, "rope_theta", None) or 10000.0
+        heads = hf_config.num_attention_heads
+        kw = dict(
+            hidden_size=hf_config.hidden_size,
+            vocab_size=hf_config.vocab_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads,
+            intermediate_size=hf_config.intermediate_size,
+            rope_theta=float(theta),
+            rms_norm_eps=getattr(hf_config, "rms_norm_eps", 1e-6),
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+    def num_params(self) -> int:
+        """fusion + L * layer, with
+        fusion = 2d^2 + d (Linear 2d -> d with bias) or 12d^2 + 8d (LSTM 2d -> d, two biases);
+        layer  = d*hd*(2H + 2H_kv) + 3*d*I + 2d (q,k,v,o; SwiGLU; two RMSNorms)."""
+        d = self.hidden_size
+        fusion = 2 * d * d + d if self.fusion == "linear" else 12 * d * d + 8 * d
+        layer = layer_num_params(
+            d,
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.head_dim,
+            self.intermediate_size,
+        )
+        return fusion + self.num_layers * layer
+
+
+def num_params(cfg: FalconConfig) -> int:
+    """See `FalconConfig.num_params`: fusion + L * (d*hd*(2H + 2H_kv) + 3dI + 2d)."""
+    return cfg.num_params()
+
+
+def block_causal_mask(
+    T: int, k: int, past_len: int = 0, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Bool (T, past_len + T), True = may attend, for T new positions after `past_len` cached.
+
+    New row q is absolute position past_len + q; it sees absolute key p iff p // k <= (past_len
+    + q) // k: every cached position, its own aligned block (both directions) and earlier
+    blocks. k = 1 is the causal mask.
+    """
+    q = torch.arange(past_len, past_len + T, device=device) // k
+    kv = torch.arange(past_len + T, device=device) // k
+    return kv.unsqueeze(0) <= q.unsqueeze(1)
+
+
+def _position_ids(attention_mask, B: int, T: int, past: int, device) -> torch.Tensor:
+    if attention_mask is None:
+        return (past + torch.arange(T, device=device)).expand(B, T)
+    return past + (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+
+
+class FalconDrafter(nn.Module):
+    def __init__(self, cfg: FalconConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.k = cfg.k
+        d = cfg.hidden_size
+        if cfg.fusion == "linear":
+            self.fusion = nn.Linear(2 * d, d)
+        else:
+            self.fusion = nn.LSTM(2 * d, d, batch_first=True)
+        self.layers = nn.ModuleList(
+            DecoderLayer(
+                d,
+                cfg.num_attention_heads,
+                cfg.num_key_value_heads,
+                cfg.head_dim,
+                cfg.intermediate_size,
+                cfg.rms_norm_eps,
+            )
+            for _ in range(cfg.num_layers)
+        )
+
+    def new_cache(self) -> FalconKVCache:
+        return FalconKVCache(self.cfg.num_layers)
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        next_tokens: torch.Tensor,
+        embed: nn.Embedding,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: FalconKVCache | None = None,
+        attn_bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Predicted features (B, T, d): output j approximates f_{j+k}; logits = lm_head(out).
+
+        features (B, T, d): f_j at position j (true, or the drafter's own in later passes).
+        next_tokens (B, T): t_{j+1} at position j. embed: the target's frozen embedding.
+        attention_mask (B, T): 1 = real token (left or right padding; LSTM fusion: right only).
+        position_ids (B, T): default past_len + (real tokens before j); RoPE and blocks use them.
+        cache: appended to in place (see `FalconKVCache`). Without `attn_bias`, new positions
+            see every cached position plus the block-causal pattern among themselves.
+        attn_bias (B|1, 1, T, past_len + T): bool (True = attend) or additive float; replaces
+            the block-causal and padding masks entirely (the decoder's tree masks).
+        """
+        B, T, _ = features.shape
+        past = cache.length if cache is not None else 0
+        dtype = next(self.fusion.parameters()).dtype
+        x = torch.cat([features, embed(next_tokens).to(features.dtype)], dim=-1).to(dtype)
+        x = self._fuse(x, attention_mask, cache, tree=attn_bias is not None)  # (B, T, d)
+        if position_ids is None:
+            position_ids = _position_ids(attention_mask, B, T, past, x.device)
+        if attn_bias is None:
+            mask = self._block_mask(position_ids, attention_mask, past)
+        else:
+            mask = attn_bias.to(x.device)
+        cos, sin = rope_cos_sin(position_ids, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, mask, cache, i)
+        return x
+
+    def _block_mask(self, position_ids, attention_mask, past: int) -> torch.Tensor:
+        """(B, 1, T, past + T) bool: cache visible, blocks of k on position ids, padded keys
+        hidden; the diagonal is always open so padded rows stay finite."""
+        B, T = position_ids.shape
+        blk = position_ids // self.k  # (B, T)
+        m = blk.unsqueeze(1) <= blk.unsqueeze(2)  # (B, Tq, Tk): key block <= query block
+        if attention_mask is not None:
+            m = m & attention_mask.bool().unsqueeze(1)
+        m = m | torch.eye(T, dtype=torch.bool, device=m.device)
+        if past:
+            m = torch.cat([m.new_ones(B, T, past), m], dim=-1)
+        return m.unsqueeze(1)
+
+    def _fuse(self, x, attention_mask, cache, tree: bool) -> torch.Tensor:
+        """(B, T, 2d) -> (B, T, d). LSTM: a true recurrence over T (batch_first).
+
+        With a cache, a chain forward continues from `cache.lstm_state` and stores its final
+        state; a tree forward (attn_bias given) restarts the recurrence from `cache.lstm_state`
+        for every consecutive chunk of k new positions (one block of k per expanded node), which
+        is exact for the block itself and ignores the recurrence through ancestor blocks (they
+        are still seen through attention).
+        """
+        if isinstance(self.fusion, nn.Linear):
+            return self.fusion(x)
+        B, T, _ = x.shape
+        if cache is None:
+            if (
+                attention_mask is not None
+                and (attention_mask[:, 1:] > attention_mask[:, :-1]).any()
+            ):
+                raise ValueError("LSTM fusion needs right padding (its recurrence runs over pads)")
+            return self.fusion(x)[0]
+        past, state = cache.length, cache.lstm_state
+        if not tree:
+            if past and (state is None or cache.lstm_length != past):
+                raise ValueError(
+                    f"LSTM fusion: the cache holds {past} positions but its recurrent state is "
+                    f"for {cache.lstm_length}; crop it to the last chain forward first"
+                )
+            out, cache.lstm_state = self.fusion(x, state)
+            cache.lstm_length = past + T
+            return out
+        c = self.k if T % self.k == 0 else T
+        if state is not None:
+            state = tuple(s.repeat_interleave(T // c, dim=1) for s in state)
+        return self.fusion(x.reshape(B * T // c, c, -1), state)[0].reshape(B, T, -1)

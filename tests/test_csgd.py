@@ -1,0 +1,203 @@
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from drafters.losses import choose_glance, csgd_lambda, csgd_step, falcon_loss, pass2_inputs
+from drafters.losses.labels import shift_left
+from drafters.models import FalconConfig, FalconDrafter
+
+D, V = 16, 24
+
+
+def test_lambda_schedule():
+    assert csgd_lambda(0.0) == 0.4 and csgd_lambda(1.0) == 0.0
+    assert math.isclose(csgd_lambda(0.25), 0.3)
+    assert csgd_lambda(-1) == 0.4 and csgd_lambda(2) == 0.0
+    assert math.isclose(csgd_lambda(0.5, start=0.45, end=0.1), 0.275)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_choose_glance_counts_runs_and_determinism(k):
+    B, T = 6, 30
+    g = torch.Generator().manual_seed(k)
+    cand = torch.zeros(B, T, dtype=torch.bool)
+    for b in range(B):  # one or two candidate spans per row
+        s = int(torch.randint(0, 8, (1,), generator=g))
+        e = int(torch.randint(s + 2, T, (1,), generator=g))
+        cand[b, s:e] = True
+        if b % 2:
+            cand[b, e + 2 : e + 7] = True
+    n = torch.tensor([0, 1, 3, 4, 7, 100])
+    pos = torch.arange(T).expand(B, T)
+    glanced = choose_glance(cand, n, pos, k, torch.Generator().manual_seed(0))
+    again = choose_glance(cand, n, pos, k, torch.Generator().manual_seed(0))
+    assert torch.equal(glanced, again)
+    assert not (glanced & ~cand).any()
+    assert torch.equal(glanced.sum(-1), torch.minimum(n, cand.sum(-1)))
+    for b in range(B):
+        partial = 0
+        for start in range(0, T, k):  # each block: glanced positions are a tail of its candidates
+            c = cand[b, start : start + k].tolist()
+            gl = glanced[b, start : start + k].tolist()
+            idx = [i for i, x in enumerate(c) if x]
+            chosen = [i for i, x in enumerate(gl) if x]
+            assert chosen == idx[len(idx) - len(chosen) :], (b, start)
+            partial += 0 < len(chosen) < len(idx)
+        assert partial <= 1  # only the last block taken may be partial
+
+
+def _pass2_case(lam, k=2):
+    B, T = 2, 14
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, V, (B, T), generator=g)
+    loss_mask = torch.zeros(B, T)
+    loss_mask[0, 3:] = 1
+    loss_mask[1, 4:11] = 1  # row 1 padded from 11 on
+    feats = torch.randn(B, T, D, generator=g)
+    pred1 = torch.randn(B, T, D, generator=g)
+    tok1 = shift_left(ids, k + 1).clone()  # all right ...
+    wrong = [(0, 2), (0, 3), (0, 4), (0, 7), (1, 3)]  # ... except these outputs j
+    for b, j in wrong:
+        tok1[b, j] = (tok1[b, j] + 1) % V
+    nxt = shift_left(ids, 1)
+    pos = torch.arange(T).expand(B, T)
+    out = pass2_inputs(
+        pred1, tok1, feats, nxt, ids, loss_mask, pos, k, lam, torch.Generator().manual_seed(3)
+    )
+    return out, dict(ids=ids, loss_mask=loss_mask, feats=feats, pred1=pred1, tok1=tok1, nxt=nxt)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.4, 0.5, 1.0])
+def test_pass2_inputs_hamming_glance_count_and_coupling(lam):
+    k = 2
+    out, c = _pass2_case(lam, k)
+    # valid j (k = 2): loss_mask[j+2] and loss_mask[j+3]. Row 0: j = 1..10, so all four wrong
+    # outputs count; row 1: j = 2..7, so (1, 3) counts.
+    assert out.hamming.tolist() == [4, 1]
+    assert out.n_glance.tolist() == [math.floor(lam * 4 + 0.5), math.floor(lam * 1 + 0.5)]
+    assert torch.equal(out.glanced.sum(-1), out.n_glance)
+    cand = torch.zeros_like(out.own)
+    cand[0, 3:13] = True  # m = j + k for valid j
+    cand[1, 4:10] = True
+    assert torch.equal(out.own | out.glanced, cand) and not (out.own & out.glanced).any()
+    for b in range(2):
+        for m in range(14):
+            own_f = torch.equal(out.features[b, m], c["pred1"][b, m - k]) if m >= k else False
+            true_f = torch.equal(out.features[b, m], c["feats"][b, m])
+            if out.own[b, m]:  # coupled: own feature and own token from the same output m - k
+                assert own_f and out.next_tokens[b, m] == c["tok1"][b, m - k]
+            else:  # glanced or never own: the true pair
+                assert true_f and out.next_tokens[b, m] == c["nxt"][b, m]
+
+
+def _drafter(seed=0, k=2, fusion="linear"):
+    torch.manual_seed(seed)
+    cfg = FalconConfig(
+        D, V, k=k, num_attention_heads=4, num_key_value_heads=2, intermediate_size=24, fusion=fusion
+    )
+    return FalconDrafter(cfg)
+
+
+def _batch(lengths, T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    B = len(lengths)
+    lm = nn.Linear(D, V, bias=False).requires_grad_(False)
+    embed = nn.Embedding(V, D).requires_grad_(False)
+    f = torch.randn(B, T, D, generator=g)
+    ids = torch.randint(0, V, (B, T), generator=g)
+    attn = torch.zeros(B, T, dtype=torch.long)
+    loss_mask = torch.zeros(B, T)
+    for b, n in enumerate(lengths):
+        attn[b, :n] = 1
+        loss_mask[b, 3:n] = 1
+    return dict(
+        features=f, input_ids=ids, attention_mask=attn, loss_mask=loss_mask, embed=embed, lm_head=lm
+    )
+
+
+@pytest.mark.parametrize("tf", [True, False])
+@pytest.mark.parametrize("fusion", ["linear", "lstm"])
+def test_batch_of_1_equals_batch_of_4_per_sequence(tf, fusion):
+    lengths, T = [13, 8, 16, 6], 16
+    drafter, b4 = _drafter(fusion=fusion), _batch(lengths, T)
+    kw = dict(k=2, lam=0.0, teacher_forcing_only=tf, per_sequence=True)
+    batch, _ = csgd_step(drafter, **b4, **kw)
+    for b, n in enumerate(lengths):
+        one = {
+            key: (v[b : b + 1, :n] if key not in ("embed", "lm_head") else v)
+            for key, v in b4.items()
+        }
+        loss, _ = csgd_step(drafter, **one, **kw)
+        torch.testing.assert_close(batch[b : b + 1], loss)
+
+
+@pytest.mark.parametrize("tf", [True, False])
+def test_padding_never_leaks_into_loss_or_glancing(tf):
+    lengths, T = [16, 9], 16
+    drafter, b = _drafter(), _batch(lengths, T)
+    kw = dict(k=2, lam=0.5, teacher_forcing_only=tf, noise=0.1)
+    loss, m = csgd_step(drafter, **b, **kw, generator=torch.Generator().manual_seed(0))
+    b["features"][1, 9:] = 50.0
+    b["input_ids"][1, 9:] = 5
+    loss2, m2 = csgd_step(drafter, **b, **kw, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(loss2, loss)
+    assert all(torch.equal(m[key], m2[key]) for key in m)
+
+
+class Spy(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.calls = inner, []
+
+    def forward(self, *args):
+        out = self.inner(*args)
+        self.calls.append((args, out))
+        return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("loss_on_glanced", [True, False])
+def test_csgd_step_wiring(loss_on_glanced, k):
+    lam = 0.6
+    spy, b = Spy(_drafter(k=k)), _batch([16, 12], 16)
+    loss, m = csgd_step(
+        spy,
+        **b,
+        k=k,
+        lam=lam,
+        loss_on_glanced=loss_on_glanced,
+        generator=torch.Generator().manual_seed(0),
+    )
+    (args1, pred1), (args2, pred2) = spy.calls
+    assert not pred1.requires_grad and pred2.requires_grad  # pass 1 without gradient
+    ids, lm = b["input_ids"], b["lm_head"]
+    assert torch.equal(args1[0], b["features"]) and torch.equal(args1[1], shift_left(ids, 1))
+    tok1 = lm(pred1).argmax(-1)
+    pos = args1[4]
+    gen = torch.Generator().manual_seed(0)
+    want = pass2_inputs(pred1, tok1, b["features"], args1[1], ids, b["loss_mask"], pos, k, lam, gen)
+    assert torch.equal(args2[0], want.features) and torch.equal(args2[1], want.next_tokens)
+    assert want.n_glance.sum() > 0
+    assert math.isclose(m["glance_ratio"].item(), want.n_glance.sum() / want.hamming.sum())
+    assert math.isclose(m["hamming"].item(), want.hamming.float().mean().item())
+    include = None if loss_on_glanced else ~want.glanced
+    ref, _ = falcon_loss(pred2, b["features"], lm, None, ids, b["loss_mask"], k, include=include)
+    torch.testing.assert_close(loss, ref)
+    assert {"acc", "acc_pass2", "hamming", "hamming_rate"} <= set(m)
+    assert {f"acc_pass2_pos{p}" for p in range(1, k + 1)} <= set(m)
+    assert {f"acc_pos{p}" for p in range(1, k + 1)} <= set(m)
+
+
+def test_teacher_forcing_only_is_falcon_loss_on_true_inputs():
+    k = 3
+    drafter, b = _drafter(k=k), _batch([16, 11], 16)
+    loss, m = csgd_step(drafter, **b, k=k, lam=0.4, teacher_forcing_only=True)
+    pred = drafter(b["features"], shift_left(b["input_ids"], 1), b["embed"], b["attention_mask"])
+    ref, rm = falcon_loss(
+        pred, b["features"], b["lm_head"], None, b["input_ids"], b["loss_mask"], k
+    )
+    torch.testing.assert_close(loss, ref)
+    assert m["glance_ratio"].item() == 0.0 and "acc_pos3" in m

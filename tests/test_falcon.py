@@ -1,0 +1,198 @@
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from drafters.models import FalconConfig, FalconDrafter, block_causal_mask, build_drafter
+from drafters.models.falcon import num_params
+
+D, V = 16, 30
+
+
+def _cfg(**kw):
+    base = dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=24)
+    return FalconConfig(D, V, **{**base, **kw})
+
+
+def _drafter(seed=0, **kw):
+    torch.manual_seed(seed)
+    return FalconDrafter(_cfg(**kw)).eval()
+
+
+def _inputs(B=2, T=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    embed = nn.Embedding(V, D).requires_grad_(False)
+    return torch.randn(B, T, D, generator=g), torch.randint(0, V, (B, T), generator=g), embed
+
+
+def test_block_causal_mask_exact_patterns():
+    assert torch.equal(block_causal_mask(5, 1), torch.ones(5, 5, dtype=torch.bool).tril())
+    k2 = torch.tensor(
+        [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    )
+    assert torch.equal(block_causal_mask(5, 2).long(), k2)
+    k3 = torch.tensor(
+        [
+            [1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 1, 1, 1],
+        ]
+    )
+    assert torch.equal(block_causal_mask(7, 3).long(), k3)
+    # 3 new positions after 3 cached, k = 2: absolute 3 is in block [2 3], 4 and 5 in [4 5]
+    want = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    assert torch.equal(block_causal_mask(3, 2, past_len=3).long(), want)
+    assert torch.equal(block_causal_mask(4, 2, past_len=3), block_causal_mask(7, 2)[3:])
+
+
+@pytest.mark.parametrize("fusion", ["linear", "lstm"])
+def test_shapes_and_num_params(fusion):
+    m = _drafter(fusion=fusion)
+    f, t, embed = _inputs()
+    assert m(f, t, embed).shape == f.shape
+    assert sum(p.numel() for p in m.parameters()) == num_params(m.cfg) == m.cfg.num_params()
+    layer = D * 4 * (2 * 4 + 2 * 2) + 3 * D * 24 + 2 * D  # hd = 16 / 4
+    fuse = 2 * D * D + D if fusion == "linear" else 12 * D * D + 8 * D
+    assert m.cfg.num_params() == fuse + 2 * layer
+
+
+def test_from_target_config_and_build():
+    from transformers import LlamaConfig
+
+    hf = LlamaConfig(
+        hidden_size=576,
+        vocab_size=49152,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+    )
+    cfg = FalconConfig.from_target_config(hf, k=3, fusion="lstm")
+    assert (cfg.hidden_size, cfg.vocab_size, cfg.head_dim, cfg.k) == (576, 49152, 64, 3)
+    assert (cfg.num_key_value_heads, cfg.intermediate_size, cfg.rope_theta) == (3, 1536, 1e5)
+    assert cfg.rms_norm_eps == 1e-5 and cfg.fusion == "lstm"
+    small = _cfg(k=3)
+    m = build_drafter("falcon", dataclasses.asdict(small))
+    assert isinstance(m, FalconDrafter) and m.cfg == small
+    with pytest.raises(ValueError):
+        FalconConfig(D, V, fusion="gru")
+
+
+def test_target_weights_never_in_state_dict():
+    f, t, embed = _inputs()
+    m = _drafter()
+    m(f, t, embed)
+    assert all(V not in p.shape for p in m.state_dict().values())
+    assert not any(p is embed.weight for p in m.parameters())
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_forward_dependencies_follow_the_block_mask(k):
+    m = _drafter(k=k)
+    f, t, embed = _inputs(B=1, T=7)
+    base = m(f, t, embed)
+    allowed = block_causal_mask(7, k)
+    for p in range(7):
+        f2 = f.clone()
+        f2[0, p] += 1.0
+        out = m(f2, t, embed)
+        changed = (out - base).abs().amax(-1)[0] > 1e-6  # (T,) queries
+        assert torch.equal(changed, allowed[:, p]), (k, p)
+
+
+def test_lstm_is_batch_first_with_a_real_recurrence():
+    m = _drafter(fusion="lstm", k=1)
+    assert m.fusion.batch_first
+    f, t, embed = _inputs(B=2, T=6)
+    base = m(f, t, embed)
+    f2 = f.clone()
+    f2[0, 0] += 1.0
+    out = m(f2, t, embed)
+    assert torch.allclose(out[1], base[1])  # rows independent (the released code's bug)
+    # the fusion alone (no attention) carries position 0 into position 5: a real recurrence
+    x = torch.cat([f, embed(t)], -1)
+    x2 = torch.cat([f2, embed(t)], -1)
+    assert not torch.allclose(m.fusion(x)[0][0, 5], m.fusion(x2)[0][0, 5])
+
+
+@pytest.mark.parametrize("fusion", ["linear", "lstm"])
+def test_right_padding_matches_unpadded(fusion):
+    m = _drafter(fusion=fusion)
+    f, t, embed = _inputs(B=2, T=8)
+    am = torch.ones(2, 8, dtype=torch.long)
+    am[1, 5:] = 0
+    out = m(f, t, embed, attention_mask=am)
+    torch.testing.assert_close(out[1, :5], m(f[1:, :5], t[1:, :5], embed)[0])
+    torch.testing.assert_close(out[0], m(f[:1], t[:1], embed)[0])
+
+
+def test_left_padding_matches_unpadded_linear_and_lstm_refuses():
+    m = _drafter()
+    f, t, embed = _inputs(B=2, T=8)
+    am = torch.ones(2, 8, dtype=torch.long)
+    am[1, :3] = 0
+    out = m(f, t, embed, attention_mask=am)
+    torch.testing.assert_close(out[1, 3:], m(f[1:, 3:], t[1:, 3:], embed)[0])
+    with pytest.raises(ValueError, match="right padding"):
+        _drafter(fusion="lstm")(f, t, embed, attention_mask=am)
+
+
+@pytest.mark.parametrize("fusion", ["linear", "lstm"])
+@pytest.mark.parametrize("k", [2, 3])
+def test_cache_chunks_equal_full_forward(fusion, k):
+    m = _drafter(fusion=fusion, k=k)
+    f, t, embed = _inputs(B=1, T=3 * k)
+    full = m(f, t, embed)
+    cache = m.new_cache()
+    a = m(f[:, :k], t[:, :k], embed, cache=cache)
+    b = m(f[:, k:], t[:, k:], embed, cache=cache)
+    assert cache.length == 3 * k
+    torch.testing.assert_close(torch.cat([a, b], 1), full)
+
+
+def test_cache_crop_keep_and_attn_bias_override():
+    m = _drafter(k=2)
+    f, t, embed = _inputs(B=1, T=6)
+    full = m(f, t, embed)
+    cache = m.new_cache()
+    m(f[:, :4], t[:, :4], embed, cache=cache)
+    m(f[:, 4:], t[:, 4:] + 1, embed, cache=cache)  # a speculative pass, to be discarded
+    cache.crop(4)
+    torch.testing.assert_close(m(f[:, 4:], t[:, 4:], embed, cache=cache), full[:, 4:])
+    # keep(): drop positions 4, 5 by index, re-run; then a tree-style additive float bias
+    cache.keep(torch.arange(4))
+    assert cache.length == 4
+    bias = torch.zeros(1, 1, 2, 6)
+    bias[..., 4:] = torch.where(block_causal_mask(2, 2, 4)[:, 4:], 0.0, float("-inf"))
+    out = m(f[:, 4:], t[:, 4:], embed, cache=cache, attn_bias=bias)
+    torch.testing.assert_close(out, full[:, 4:])
+    cache.crop(4)
+    bool_bias = block_causal_mask(2, 2, 4).view(1, 1, 2, 6)
+    torch.testing.assert_close(
+        m(f[:, 4:], t[:, 4:], embed, cache=cache, attn_bias=bool_bias), full[:, 4:]
+    )
+    k5 = cache.keys[1][:, :, 5].clone()
+    cache.keep(torch.tensor([[0, 1, 2, 3, 5]]))  # per-row indices
+    assert cache.length == 5 and torch.equal(cache.keys[1][:, :, 4], k5)
+
+
+def test_lstm_cache_state_rules():
+    m = _drafter(fusion="lstm", k=2)
+    f, t, embed = _inputs(B=1, T=6)
+    cache = m.new_cache()
+    m(f[:, :4], t[:, :4], embed, cache=cache)
+    assert cache.lstm_length == 4
+    tree = torch.ones(1, 1, 2, 6, dtype=torch.bool)
+    m(f[:, 4:], t[:, 4:], embed, cache=cache, attn_bias=tree)  # tree pass: state untouched
+    assert cache.lstm_length == 4 and cache.length == 6
+    with pytest.raises(ValueError, match="crop"):
+        m(f[:, 4:], t[:, 4:], embed, cache=cache)
+    cache.crop(4)
+    torch.testing.assert_close(m(f[:, 4:], t[:, 4:], embed, cache=cache), m(f, t, embed)[:, 4:])
