@@ -158,3 +158,28 @@ class FeatureCache:
         arr = np.array(self.shards[s][offset : offset + length])  # copy out of the memmap
         t = torch.from_numpy(arr)
         return t.view(torch.bfloat16) if self.torch_dtype == torch.bfloat16 else t
+
+
+def cache_features(cfg) -> dict:
+    """The `python data/cache_features.py [train.py overrides]` job: both splits of the
+    configured data, for the configured target, into `data.cache_dir`."""
+    from hydra.utils import instantiate
+
+    target = instantiate(cfg.target)
+    dm = instantiate(cfg.data).attach(target)
+    dm.setup()
+    dtype = cfg.get("features_dtype", "bfloat16")
+    out = {}
+    for split, examples in (("train", dm.train_set), ("validation", dm.val_set)):
+        if examples.dropped:
+            print(
+                f"[features] {split}: {examples.dropped} conversations skipped (no assistant "
+                f"token within data.max_length={dm.max_length})"
+            )
+        meta = build_feature_cache(target, examples, dm.cache_folder(split), dtype=dtype)
+        out[split] = meta
+        print(
+            f"[features] {split}: {meta['num_examples']} examples, {meta['num_tokens']} tokens, "
+            f"{meta['bytes_per_token']} bytes/token ({dtype}) in {dm.cache_folder(split)}"
+        )
+    return out

@@ -1,0 +1,225 @@
+"""DrafterLitModule: trains any drafter (Falcon, Cerberus, Medusa) against the frozen target.
+
+The target is attached, not owned: `drafters.target.Target` is not an nn.Module, so its weights
+never enter `state_dict()`, the optimizer or a checkpoint. Hyper-parameters are primitives only
+(`torch.load(ckpt, weights_only=True)` works). Metrics: `train/...` and `val/...`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import lightning as L
+import torch
+
+from drafters.losses import csgd_lambda, csgd_step, heads_loss
+from drafters.losses.heads import head_labels
+from drafters.models import EntropyGate, LearnedGate, LearnedGateConfig, build_drafter
+from drafters.models.gate import entropy, gate_labels
+from drafters.target import Target
+
+HEAD_KINDS = ("medusa", "cerberus")
+FALCON_DECODE_PASSES = 4  # drafter passes per step assumed by val/accept_len_est (paper: m=4)
+
+
+class WarmupDecay:
+    """lr multiplier: linear warmup, then cosine/linear decay to min_ratio, or constant."""
+
+    def __init__(self, warmup: int, total: int, schedule: str, min_ratio: float):
+        if schedule not in ("cosine", "linear", "constant"):
+            raise ValueError(f"optim.schedule={schedule!r}: use cosine, linear or constant")
+        self.warmup, self.total = warmup, max(total, 1)
+        self.schedule, self.min_ratio = schedule, min_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        if self.schedule == "constant":
+            return 1.0
+        p = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        shape = 0.5 * (1 + math.cos(math.pi * p)) if self.schedule == "cosine" else 1 - p
+        return self.min_ratio + (1 - self.min_ratio) * shape
+
+
+def accept_len_estimate(acc: list[float]) -> float:
+    """Chain acceptance with the bonus token: 1 + sum_i prod_{j<=i} acc_j (acc per offset)."""
+    total, run = 1.0, 1.0
+    for a in acc:
+        run *= a
+        total += run
+    return total
+
+
+class DrafterLitModule(L.LightningModule):
+    def __init__(
+        self,
+        kind: str,
+        model: dict,
+        loss: dict | None = None,
+        optim: dict | None = None,
+        csgd: dict | None = None,
+        gate: str | None = None,
+        gate_hidden_dim: int = 256,
+        target: dict | None = None,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.kind = kind
+        self.drafter = build_drafter(kind, model)
+        self.loss_cfg = dict(loss or {})
+        self.optim_cfg = dict(optim or {})
+        self.csgd_cfg = dict(csgd or {})
+        self.gate = None
+        self.entropy_gate = None
+        if kind in HEAD_KINDS:
+            k = self.drafter.num_heads
+            # Always calibrated on validation (a buffer table): lets the decoder use the entropy
+            # gate with any head drafter. The learned gate is trained only when asked for.
+            self.entropy_gate = EntropyGate(num_heads=k)
+            if gate == "learned":
+                self.gate = LearnedGate(LearnedGateConfig(model["hidden_size"], k, gate_hidden_dim))
+        elif gate is not None:
+            raise ValueError(f"drafter.gate={gate!r}: only head drafters (medusa, cerberus) gate")
+        self.target: Target | None = None
+        self._calib: list[torch.Tensor] = []
+        self._t_last: float | None = None
+
+    # ---- the frozen target ------------------------------------------------------------------
+
+    def attach(self, target: Target) -> DrafterLitModule:
+        identity = self.hparams.get("target")
+        if identity is not None:
+            problem = target.identity.mismatch(identity, "this drafter")
+            if problem:
+                raise ValueError(problem)
+        self.target = target
+        return self
+
+    def on_fit_start(self) -> None:
+        self.target.to(self.device)
+        if getattr(self.drafter, "lm_head", None) is not None and self.trainer.global_step == 0:
+            self.drafter.load_lm_head(self.target.lm_head.weight.detach().to(self.device))
+
+    def on_validation_start(self) -> None:
+        self.target.to(self.device)
+
+    def features(self, batch: dict) -> torch.Tensor:
+        """f (B, T, d): from the offline cache when the batch carries it, else a target forward."""
+        if "features" in batch:
+            return batch["features"].to(self.target.dtype)
+        f, _ = self.target.features(batch["input_ids"], batch["attention_mask"])
+        return f
+
+    # ---- losses -----------------------------------------------------------------------------
+
+    def compute_loss(self, batch: dict, train: bool) -> tuple[torch.Tensor, dict, torch.Tensor]:
+        f = self.features(batch)
+        ids, attn, lmask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+        param_dtype = next(self.drafter.parameters()).dtype
+        if self.kind == "falcon":
+            c = self.csgd_cfg
+            lam = self.csgd_lambda() if train else 0.0
+            loss, m = csgd_step(
+                self.drafter,
+                f.to(param_dtype),
+                ids,
+                attn,
+                lmask,
+                self.target.embed_tokens,
+                self.target.lm_head,
+                self.drafter.cfg.k,
+                lam,
+                # validation always measures pass-2 accuracy, so ablations compare fairly
+                teacher_forcing_only=bool(c.get("teacher_forcing_only")) and train,
+                loss_on_glanced=bool(c.get("loss_on_glanced", True)),
+                noise=float(self.loss_cfg.get("feature_noise", 0.0)) if train else 0.0,
+            )
+            m["csgd_lambda"] = torch.tensor(lam)
+            return loss, m, f
+        head_logits = self.drafter(f.to(param_dtype), self.target.lm_head)  # (B, T, K, V)
+        gate_logits = None
+        target_logits = None
+        if self.gate is not None or not train:
+            target_logits = self.target.lm_head(f)
+        if self.gate is not None:
+            gate_logits = self.gate(f.to(param_dtype), target_logits)
+        loss, m = heads_loss(
+            head_logits, ids, lmask, float(self.loss_cfg.get("decay", 0.8)), gate_logits
+        )
+        if not train:  # entropy-gate calibration pairs: (H(p_t), top-1 chain accepted length)
+            labels, valid = head_labels(ids, lmask, head_logits.shape[2])
+            full = valid.all(-1)
+            acc_len = gate_labels(head_logits, labels, valid).sum(-1)
+            self._calib.append(torch.stack([entropy(target_logits)[full], acc_len[full]]).cpu())
+        return loss, m, f
+
+    def csgd_lambda(self) -> float:
+        c = self.csgd_cfg
+        total = max(1, self.trainer.estimated_stepping_batches) if self._trainer else 1
+        return csgd_lambda(
+            self.global_step / total, c.get("lambda_start", 0.4), c.get("lambda_end", 0.0)
+        )
+
+    # ---- steps --------------------------------------------------------------------------------
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        loss, metrics, _ = self.compute_loss(batch, train=True)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log_dict({f"train/{k}": v for k, v in metrics.items()})
+        tokens = batch["attention_mask"].sum()
+        now = time.perf_counter()
+        if self._t_last is not None:
+            self.log("train/tokens_per_s", tokens / (now - self._t_last), prog_bar=True)
+        self._t_last = now
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"])
+        return loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        loss, metrics, _ = self.compute_loss(batch, train=False)
+        n = int(batch["loss_mask"].sum())
+        self.log("val/loss", loss, prog_bar=True, batch_size=n, sync_dist=True)
+        self.log_dict({f"val/{k}": v for k, v in metrics.items()}, batch_size=n, sync_dist=True)
+
+    def on_validation_epoch_start(self) -> None:
+        self._calib = []
+        self._t_last = None
+
+    def on_validation_epoch_end(self) -> None:
+        m = self.trainer.callback_metrics
+        if self.kind == "falcon":
+            k = self.drafter.cfg.k
+            first = [float(m.get(f"val/acc_pos{p}", 0.0)) for p in range(1, k + 1)]
+            later = [float(m.get(f"val/acc_pass2_pos{p}", 0.0)) for p in range(1, k + 1)]
+            acc = first + later * (FALCON_DECODE_PASSES - 1)
+        else:
+            acc = [float(m.get(f"val/acc_head{i}", 0.0)) for i in range(self.drafter.num_heads)]
+        self.log("val/accept_len_est", accept_len_estimate(acc), sync_dist=True)
+        if self.entropy_gate is not None and self._calib:
+            h, a = torch.cat(self._calib, dim=1)
+            self.entropy_gate.fit(h.to(self.device), a.to(self.device))
+        self._calib = []
+
+    def on_train_epoch_start(self) -> None:
+        self._t_last = None
+
+    # ---- optimizer ----------------------------------------------------------------------------
+
+    def configure_optimizers(self):
+        o = self.optim_cfg
+        params = [p for p in self.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(
+            params,
+            lr=float(o.get("lr", 1e-3)),
+            betas=tuple(o.get("betas", (0.9, 0.95))),
+            weight_decay=float(o.get("weight_decay", 0.0)),
+        )
+        total = int(self.trainer.estimated_stepping_batches)
+        schedule = WarmupDecay(
+            int(o.get("warmup_steps", 0)),
+            total,
+            o.get("schedule", "cosine"),
+            float(o.get("min_lr_ratio", 0.1)),
+        )
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

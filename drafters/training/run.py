@@ -1,0 +1,106 @@
+"""`train(cfg)`: the composed Hydra config in, a trained drafter checkpoint out.
+
+`train.py` is a thin `@hydra.main` wrapper around this function, so tests run the real thing
+on a composed config. Everything a restart must find again lives in `cfg.run_dir`:
+`checkpoints/last.ckpt`, `wandb_id.txt`, `csv/metrics.csv`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+
+from drafters.models import CerberusConfig, FalconConfig, MedusaConfig
+from drafters.target import Target
+from drafters.training.loggers import build_loggers
+from drafters.training.module import DrafterLitModule
+
+
+def drafter_config(kind: str, overrides: dict, target: Target) -> dict:
+    """The drafter's full config: shapes from the target, the rest from `drafter.model`."""
+    if kind == "falcon":
+        cfg = FalconConfig.from_target_config(target.config, **overrides)
+    else:
+        cls = {"medusa": MedusaConfig, "cerberus": CerberusConfig}[kind]
+        cfg = cls(hidden_size=target.hidden_size, vocab_size=target.vocab_size, **overrides)
+    return dataclasses.asdict(cfg)
+
+
+def build_module(cfg: DictConfig, target: Target) -> DrafterLitModule:
+    d = OmegaConf.to_container(cfg.drafter, resolve=True)
+    return DrafterLitModule(
+        kind=d["kind"],
+        model=drafter_config(d["kind"], d.get("model") or {}, target),
+        loss=d.get("loss"),
+        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        csgd=d.get("csgd"),
+        gate=d.get("gate"),
+        gate_hidden_dim=d.get("gate_hidden_dim", 256),
+        target=target.identity.to_dict(),
+    ).attach(target)
+
+
+def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
+    c = cfg.callbacks.checkpoint
+    return [
+        ModelCheckpoint(
+            dirpath=str(run_dir / "checkpoints"),
+            filename="step{step:07d}",
+            auto_insert_metric_name=False,
+            every_n_train_steps=c.every_n_train_steps,
+            save_top_k=c.save_top_k,
+            monitor=c.monitor,
+            mode=c.mode,
+            save_last=c.save_last,
+        ),
+        LearningRateMonitor(logging_interval="step"),
+    ]
+
+
+def build_strategy(cfg: DictConfig):
+    s = cfg.get("strategy")
+    if s is None or "_target_" not in s:
+        return (s or {}).get("name", "auto")
+    return instantiate(s)
+
+
+def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
+    """`last`: this run's own last checkpoint if there is one (a first start has none)."""
+    if ckpt_path in (None, "", "null"):
+        return None
+    if ckpt_path == "last":
+        last = run_dir / "checkpoints" / "last.ckpt"
+        return str(last) if last.is_file() else None
+    if not Path(ckpt_path).is_file():
+        raise FileNotFoundError(f"ckpt_path={ckpt_path!r} does not exist")
+    return ckpt_path
+
+
+def train(cfg: DictConfig) -> dict:
+    """Train the configured drafter; returns the final callback metrics (floats)."""
+    # Our batch sampler resumes mid-epoch from the trainer's own progress counters
+    # (DistilledDataModule), which Lightning cannot see: its warning does not apply.
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended")
+    L.seed_everything(cfg.seed, workers=True)
+    run_dir = Path(cfg.run_dir)
+    target: Target = instantiate(cfg.target)
+    datamodule = instantiate(cfg.data).attach(target)
+    module = build_module(cfg, target)
+    trainer: L.Trainer = instantiate(
+        cfg.trainer,
+        strategy=build_strategy(cfg),
+        logger=build_loggers(cfg, run_dir),
+        callbacks=build_callbacks(cfg, run_dir),
+        default_root_dir=str(run_dir),
+    )
+    if trainer.global_rank == 0:
+        for lg in trainer.loggers:
+            lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_ckpt_path(cfg.ckpt_path, run_dir))
+    return {k: float(v) for k, v in trainer.callback_metrics.items()}
