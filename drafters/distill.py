@@ -149,21 +149,21 @@ def run_distillation(
         "source": source,
         "split": split,
         "val_fraction": val_fraction,
-        "max_conversations": max_conversations,
         "config": cfg.__dict__,
         "config_fingerprint": cfg.fingerprint(),
     }
     manifest_path = out_dir / "manifest.json"
     if manifest_path.exists():
         old = json.loads(manifest_path.read_text())
+        old.pop("max_conversations", None)
         if old != manifest:
             diff = sorted(k for k in manifest if old.get(k) != manifest[k])
             raise DistillResumeError(
                 f"{out_dir} holds a distillation made with other settings ({', '.join(diff)}); "
-                "use another output folder (distill.out_dir=...) or delete this one"
+                "use another output folder (out_dir=...) or delete this one"
             )
-    else:
-        _write_json_atomic(manifest_path, manifest)
+    manifest["max_conversations"] = max_conversations  # may grow between runs
+    _write_json_atomic(manifest_path, manifest)
 
     read_stats = ReadStats()
     conversations = list(
@@ -172,6 +172,13 @@ def run_distillation(
     batches = [
         conversations[i : i + cfg.batch_size] for i in range(0, len(conversations), cfg.batch_size)
     ]
+    # A shard is reused only if it holds exactly its batch's conversations (id + content hash);
+    # a changed max_conversations re-does the old partial last batch and drops extra shards.
+    for path in (out_dir / "shards").glob("batch-*.json"):
+        b = int(path.stem.split("-")[1])
+        keys = json.loads(path.read_text())["keys"]
+        if b >= len(batches) or keys != [c.key for c in batches[b]]:
+            path.unlink()
     todo = [b for b in range(len(batches)) if not _shard_path(out_dir, b).exists()]
     done_before = len(batches) - len(todo)
     print(f"[distill] conversations: {read_stats.summary()}")
@@ -180,7 +187,7 @@ def run_distillation(
 
     t0, new_tokens = time.perf_counter(), 0
     bar = tqdm(total=len(conversations), unit="conv", desc="distill", dynamic_ncols=True)
-    bar.update(sum(len(batches[b]) for b in range(len(batches)) if b not in set(todo)))
+    bar.update(sum(len(batches[b]) for b in set(range(len(batches))) - set(todo)))
     for b in todo:
         records = generate_turns(target, batches[b], cfg, batch_seed=cfg.seed * 1_000_003 + b)
         keys = [c.key for c in batches[b]]

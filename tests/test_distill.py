@@ -67,6 +67,19 @@ def test_killed_run_resumes_to_identical_dataset(tmp_path, tiny, monkeypatch):
     assert dataset_rows(tmp_path / "resumed")[0] == dataset_rows(tmp_path / "whole")[0]
 
 
+def test_growing_the_corpus_reuses_finished_batches(tmp_path, tiny):
+    src = make_source(tmp_path / "c.jsonl", n=7)
+    D.run_distillation(tiny, src, tmp_path / "out", CFG, split=None, max_conversations=4)
+    first = (tmp_path / "out" / "shards" / "batch-000000.json").read_text()
+    stats = D.run_distillation(tiny, src, tmp_path / "out", CFG, split=None)
+    assert stats["batches_resumed"] == 1  # batch 0 kept; the old partial batch 1 redone
+    assert (tmp_path / "out" / "shards" / "batch-000000.json").read_text() == first
+    finalize(tmp_path / "out", tiny.identity.to_dict())
+    D.run_distillation(tiny, src, tmp_path / "whole", CFG, split=None)
+    finalize(tmp_path / "whole", tiny.identity.to_dict())
+    assert dataset_rows(tmp_path / "out")[0] == dataset_rows(tmp_path / "whole")[0]
+
+
 def test_resume_with_other_settings_is_refused(tmp_path, tiny):
     src = make_source(tmp_path / "c.jsonl", n=2)
     D.run_distillation(tiny, src, tmp_path / "out", CFG, split=None)
