@@ -140,8 +140,17 @@ def run_distillation(
     split: str = "train",
     val_fraction: float = 0.02,
     max_conversations: int | None = None,
+    shard_index: int = 0,
+    num_shards: int = 1,
 ) -> dict:
-    """Distil `max_conversations` of `source` into `out_dir/shards`, resuming finished batches."""
+    """Distil `max_conversations` of `source` into `out_dir/shards`, resuming finished batches.
+
+    Sharding (one SLURM array task or rank per shard): batch b belongs to shard b % num_shards.
+    Shards split the *same* batches an unsharded run makes, so every batch is generated with the
+    same companions and padding, and the merged shards are the unsharded run's, file for file.
+    """
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard index {shard_index} is not in [0, {num_shards})")
     out_dir = Path(out_dir)
     (out_dir / "shards").mkdir(parents=True, exist_ok=True)
     manifest = {
@@ -156,6 +165,7 @@ def run_distillation(
     if manifest_path.exists():
         old = json.loads(manifest_path.read_text())
         old.pop("max_conversations", None)
+        old.pop("num_batches", None)
         if old != manifest:
             diff = sorted(k for k in manifest if old.get(k) != manifest[k])
             raise DistillResumeError(
@@ -174,20 +184,28 @@ def run_distillation(
     ]
     # A shard is reused only if it holds exactly its batch's conversations (id + content hash);
     # a changed max_conversations re-does the old partial last batch and drops extra shards.
-    for path in (out_dir / "shards").glob("batch-*.json"):
-        b = int(path.stem.split("-")[1])
-        keys = json.loads(path.read_text())["keys"]
-        if b >= len(batches) or keys != [c.key for c in batches[b]]:
+    mine = [b for b in range(len(batches)) if b % num_shards == shard_index]
+    for b in mine:
+        path = _shard_path(out_dir, b)
+        if path.exists() and json.loads(path.read_text())["keys"] != [c.key for c in batches[b]]:
             path.unlink()
-    todo = [b for b in range(len(batches)) if not _shard_path(out_dir, b).exists()]
-    done_before = len(batches) - len(todo)
+    if shard_index == 0:
+        for path in (out_dir / "shards").glob("batch-*.json"):
+            if int(path.stem.split("-")[1]) >= len(batches):
+                path.unlink()
+    if manifest.get("num_batches") != len(batches):
+        manifest["num_batches"] = len(batches)
+        _write_json_atomic(manifest_path, manifest)
+    todo = [b for b in mine if not _shard_path(out_dir, b).exists()]
+    done_before = len(mine) - len(todo)
     print(f"[distill] conversations: {read_stats.summary()}")
     if done_before:
         print(f"[distill] resuming: {done_before}/{len(batches)} batches already in {out_dir}")
 
     t0, new_tokens = time.perf_counter(), 0
-    bar = tqdm(total=len(conversations), unit="conv", desc="distill", dynamic_ncols=True)
-    bar.update(sum(len(batches[b]) for b in set(range(len(batches))) - set(todo)))
+    desc = "distill" if num_shards == 1 else f"distill {shard_index}/{num_shards}"
+    bar = tqdm(total=sum(len(batches[b]) for b in mine), unit="conv", desc=desc)
+    bar.update(sum(len(batches[b]) for b in set(mine) - set(todo)))
     for b in todo:
         records = generate_turns(target, batches[b], cfg, batch_seed=cfg.seed * 1_000_003 + b)
         keys = [c.key for c in batches[b]]
@@ -200,6 +218,8 @@ def run_distillation(
     run_stats = {
         "read": read_stats.to_dict(),
         "batches": len(batches),
+        "shard": f"{shard_index}/{num_shards}",
+        "batches_of_shard": len(mine),
         "batches_resumed": done_before,
         "generated_tokens_this_run": new_tokens,
         "seconds_this_run": round(elapsed, 2),
@@ -208,11 +228,21 @@ def run_distillation(
     return run_stats
 
 
-def load_records(out_dir: str | Path) -> list[dict]:
-    """All distilled records in source order, checked for overlap and gaps."""
+def load_records(out_dir: str | Path, num_batches: int | None = None) -> list[dict]:
+    """All distilled records in source order, checked for overlap and (given the expected
+    number of batches) for missing batches."""
     out_dir = Path(out_dir)
+    paths = sorted((out_dir / "shards").glob("batch-*.json"))
+    if num_batches is not None:
+        have = {int(p.stem.split("-")[1]) for p in paths}
+        missing = sorted(set(range(num_batches)) - have)
+        if missing:
+            raise DistillResumeError(
+                f"{out_dir}: {len(missing)} of {num_batches} batches are not distilled yet "
+                f"(first: {missing[:5]}); run the missing shards (same command) before merging"
+            )
     records, seen = [], set()
-    for path in sorted((out_dir / "shards").glob("batch-*.json")):
+    for path in paths:
         shard = json.loads(path.read_text())
         for r in shard["records"]:
             if r["key"] in seen:
@@ -248,8 +278,9 @@ def finalize(out_dir: str | Path, target_identity: dict, run_stats: dict | None 
     manifest = json.loads((out_dir / "manifest.json").read_text())
     drop_cut = manifest["config"]["drop_length_cut"]
     rows, finish, stopped = [], Counter(), Counter()
+    records = load_records(out_dir, manifest.get("num_batches"))
     dropped_turns = dropped_convs = 0
-    for r in load_records(out_dir):
+    for r in records:
         finish.update(r["finish"])
         if r["stopped"]:
             stopped[r["stopped"]] += 1
@@ -321,23 +352,35 @@ def load_distilled(path: str | Path, target_identity=None):
     return load_from_disk(str(path)), meta
 
 
-def distill(cfg) -> dict:
-    """The `python data/distill.py` job: distil, merge, print and save the statistics."""
+def distill(cfg) -> dict | None:
+    """The `python data/distill.py` job. stage=all: distil and merge; stage=generate: distil
+    one shard (shard.index of shard.count; SLURM array tasks set them); stage=merge: merge the
+    shards into the dataset (no model needed). Prints and saves the statistics."""
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    target = instantiate(cfg.target)
-    gen = DistillConfig(**OmegaConf.to_container(cfg.generation, resolve=True))
-    run_stats = run_distillation(
-        target,
-        cfg.source,
-        cfg.out_dir,
-        gen,
-        split=cfg.split,
-        val_fraction=cfg.val_fraction,
-        max_conversations=cfg.max_conversations,
-    )
-    _, stats = finalize(cfg.out_dir, target.identity.to_dict(), run_stats)
+    if cfg.stage not in ("all", "generate", "merge"):
+        raise ValueError(f"stage={cfg.stage!r}: use all, generate or merge")
+    run_stats = None
+    if cfg.stage in ("all", "generate"):
+        target = instantiate(cfg.target)
+        gen = DistillConfig(**OmegaConf.to_container(cfg.generation, resolve=True))
+        run_stats = run_distillation(
+            target,
+            cfg.source,
+            cfg.out_dir,
+            gen,
+            split=cfg.split,
+            val_fraction=cfg.val_fraction,
+            max_conversations=cfg.max_conversations,
+            shard_index=int(cfg.shard.index),
+            num_shards=int(cfg.shard.count),
+        )
+        print(f"[distill] {json.dumps(run_stats)}")
+    if cfg.stage == "generate":
+        return None
+    manifest = json.loads((Path(cfg.out_dir) / "manifest.json").read_text())
+    _, stats = finalize(cfg.out_dir, manifest["target"], run_stats)
     print(json.dumps(stats, indent=1))
     print(f"[distill] dataset: {Path(cfg.out_dir) / 'dataset'}; stats: {cfg.out_dir}/stats.json")
     return stats

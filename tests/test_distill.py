@@ -80,6 +80,24 @@ def test_growing_the_corpus_reuses_finished_batches(tmp_path, tiny):
     assert dataset_rows(tmp_path / "out")[0] == dataset_rows(tmp_path / "whole")[0]
 
 
+def test_sharded_distillation_merges_to_the_unsharded_dataset(tmp_path, tiny):
+    src = make_source(tmp_path / "c.jsonl", n=7)
+    D.run_distillation(tiny, src, tmp_path / "whole", CFG, split=None)
+    finalize(tmp_path / "whole", tiny.identity.to_dict())
+    D.run_distillation(
+        tiny, src, tmp_path / "sharded", CFG, split=None, shard_index=1, num_shards=2
+    )
+    with pytest.raises(DistillResumeError, match="not distilled yet"):
+        finalize(tmp_path / "sharded", tiny.identity.to_dict())  # shard 0 still missing
+    D.run_distillation(
+        tiny, src, tmp_path / "sharded", CFG, split=None, shard_index=0, num_shards=2
+    )
+    finalize(tmp_path / "sharded", tiny.identity.to_dict())
+    assert dataset_rows(tmp_path / "sharded")[0] == dataset_rows(tmp_path / "whole")[0]
+    shards = sorted(p.name for p in (tmp_path / "sharded" / "shards").iterdir())
+    assert shards == sorted(p.name for p in (tmp_path / "whole" / "shards").iterdir())
+
+
 def test_resume_with_other_settings_is_refused(tmp_path, tiny):
     src = make_source(tmp_path / "c.jsonl", n=2)
     D.run_distillation(tiny, src, tmp_path / "out", CFG, split=None)

@@ -71,12 +71,14 @@ def build_strategy(cfg: DictConfig):
 
 
 def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
-    """`last`: this run's own last checkpoint if there is one (a first start has none)."""
+    """`last`: the newest of this run's `checkpoints/last.ckpt` and the `hpc_ckpt_N.ckpt` that
+    Lightning writes on SLURM's pre-emption signal; None on a first start."""
     if ckpt_path in (None, "", "null"):
         return None
     if ckpt_path == "last":
-        last = run_dir / "checkpoints" / "last.ckpt"
-        return str(last) if last.is_file() else None
+        found = [run_dir / "checkpoints" / "last.ckpt", *run_dir.glob("hpc_ckpt_*.ckpt")]
+        found = [p for p in found if p.is_file()]
+        return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
     if not Path(ckpt_path).is_file():
         raise FileNotFoundError(f"ckpt_path={ckpt_path!r} does not exist")
     return ckpt_path
@@ -99,8 +101,17 @@ def train(cfg: DictConfig) -> dict:
         callbacks=build_callbacks(cfg, run_dir),
         default_root_dir=str(run_dir),
     )
+    ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
+    env = getattr(trainer.strategy, "cluster_environment", None)
+    print(
+        f"[train] rank {trainer.global_rank}/{trainer.world_size} "
+        f"(node {trainer.node_rank}, local {trainer.local_rank}), "
+        f"cluster {type(env).__name__ if env else 'none'}, run_dir {run_dir}, "
+        f"resume {ckpt_path or 'no'}",
+        flush=True,
+    )
     if trainer.global_rank == 0:
         for lg in trainer.loggers:
             lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resolve_ckpt_path(cfg.ckpt_path, run_dir))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
