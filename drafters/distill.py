@@ -182,17 +182,14 @@ def run_distillation(
     batches = [
         conversations[i : i + cfg.batch_size] for i in range(0, len(conversations), cfg.batch_size)
     ]
-    # A shard is reused only if it holds exactly its batch's conversations (id + content hash);
-    # a changed max_conversations re-does the old partial last batch and drops extra shards.
+    # A shard is reused only if it holds exactly its batch's conversations (id + content hash):
+    # a larger max_conversations re-does only the old partial last batch; a smaller one leaves
+    # the extra shards on disk (unused by the merge) for when it grows again.
     mine = [b for b in range(len(batches)) if b % num_shards == shard_index]
     for b in mine:
         path = _shard_path(out_dir, b)
         if path.exists() and json.loads(path.read_text())["keys"] != [c.key for c in batches[b]]:
             path.unlink()
-    if shard_index == 0:
-        for path in (out_dir / "shards").glob("batch-*.json"):
-            if int(path.stem.split("-")[1]) >= len(batches):
-                path.unlink()
     if manifest.get("num_batches") != len(batches):
         manifest["num_batches"] = len(batches)
         _write_json_atomic(manifest_path, manifest)
@@ -241,6 +238,8 @@ def load_records(out_dir: str | Path, num_batches: int | None = None) -> list[di
                 f"{out_dir}: {len(missing)} of {num_batches} batches are not distilled yet "
                 f"(first: {missing[:5]}); run the missing shards (same command) before merging"
             )
+    if num_batches is not None:
+        paths = [p for p in paths if int(p.stem.split("-")[1]) < num_batches]
     records, seen = [], set()
     for path in paths:
         shard = json.loads(path.read_text())

@@ -78,6 +78,11 @@ def test_growing_the_corpus_reuses_finished_batches(tmp_path, tiny):
     D.run_distillation(tiny, src, tmp_path / "whole", CFG, split=None)
     finalize(tmp_path / "whole", tiny.identity.to_dict())
     assert dataset_rows(tmp_path / "out")[0] == dataset_rows(tmp_path / "whole")[0]
+    # shrinking again merges fewer conversations and keeps the other batches for later
+    D.run_distillation(tiny, src, tmp_path / "out", CFG, split=None, max_conversations=3)
+    _, stats = finalize(tmp_path / "out", tiny.identity.to_dict())
+    assert stats["conversations"] == 3
+    assert len(list((tmp_path / "out" / "shards").iterdir())) == 3
 
 
 def test_sharded_distillation_merges_to_the_unsharded_dataset(tmp_path, tiny):
