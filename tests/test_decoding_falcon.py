@@ -1,0 +1,291 @@
+"""Falcon tree decoding: scripted drafters with known predictions (tau), exact incremental feeding
+of the drafter, stopping, and "speculative output == HF greedy output" for every tree, k and
+fusion, random drafter weights included."""
+
+import functools
+
+import pytest
+import torch
+from test_decoding_ar import greedy, tied_target
+
+from drafters.decoding import DrafterContext, build_falcon_tree, decode_falcon
+from drafters.models import FalconConfig, FalconDrafter
+from drafters.target import Target, tiny_target
+
+PROMPTS = ["The quick brown fox", "Hello, how are you?"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one intra-op thread, or OpenMP stalls on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@functools.cache
+def make_target(kind: str) -> Target:
+    return tied_target(seed=1) if kind == "tied" else tiny_target(seed=int(kind[-1]))
+
+
+@functools.cache
+def reference(kind: str, prompt: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids (1, P), HF greedy sequences (1, P + n))."""
+    target = make_target(kind)
+    ids = target.tokenizer(prompt, return_tensors="pt").input_ids
+    return ids, greedy(target, ids, n)
+
+
+class ScriptedFalcon(FalconDrafter):
+    """A random-weight Falcon drafter told what to predict, which records its cached calls.
+
+    It runs the real forward (so its KV cache is whatever the decoder makes of it), then may
+    replace output j, read by the decoder as the guess of f_{j+k}, by the target's true feature
+    f_{j+k} over a known greedy sequence ("right": its LM-head argmax is the true t_{j+k+1}) or
+    by -f_{j+k} ("wrong": the argmax is the true token's argmin, never in a top-20 list).
+    mode: "random" keeps the real outputs; "right" / "wrong" everywhere; "pass1": right in
+    pass 1, wrong in tree passes; "mixed": right in pass 1, right with probability 0.7 per
+    output in tree passes. Past the known sequence the real outputs are kept.
+    """
+
+    def __init__(self, cfg: FalconConfig, sequence=None, target=None, mode="random", seed=0):
+        torch.manual_seed(seed)
+        super().__init__(cfg)
+        self.eval()
+        self.mode = mode
+        self.table = None if sequence is None else target.features(sequence[None])[0][0]
+        self.gen = torch.Generator().manual_seed(seed)
+        self.calls: list[dict] = []
+
+    def forward(
+        self,
+        features,
+        next_tokens,
+        embed,
+        attention_mask=None,
+        position_ids=None,
+        cache=None,
+        attn_bias=None,
+    ):
+        past = 0 if cache is None else cache.length
+        out = super().forward(
+            features, next_tokens, embed, attention_mask, position_ids, cache, attn_bias
+        )
+        if cache is None:  # a reference forward of the test
+            return out
+        tree, T = attn_bias is not None, features.shape[1]
+        pos = position_ids[0] if position_ids is not None else past + torch.arange(T)
+        self.calls.append(
+            dict(past=past, T=T, tree=tree, pos=pos.tolist(), inputs=features.clone())
+            | dict(tokens=next_tokens[0].tolist(), out=out.clone())
+        )
+        if self.mode == "random":
+            return out
+        if self.mode in ("right", "wrong"):
+            right = torch.full((T,), self.mode == "right")
+        elif self.mode == "pass1" or not tree:
+            right = torch.full((T,), not tree)
+        else:
+            right = torch.rand(T, generator=self.gen) < 0.7
+        out = out.clone()
+        for i, j in enumerate(pos.tolist()):
+            if j + self.k < len(self.table):
+                truth = self.table[j + self.k]
+                out[0, i] = truth if right[i] else -truth
+        return out
+
+
+def falcon(target, k, fusion="linear", kind=None, prompt=None, n=64, mode="random", seed=0):
+    cfg = FalconConfig.from_target_config(target.config, k=k, fusion=fusion)
+    if mode == "random":
+        return ScriptedFalcon(cfg, seed=seed)
+    sequence = reference(kind, prompt, n)[1][0]
+    return ScriptedFalcon(cfg, sequence, make_target(kind), mode, seed)
+
+
+@pytest.mark.parametrize(
+    "k, tree, mode, a",
+    [
+        (1, "chain", "right", 4),
+        (2, "chain", "right", 8),
+        (3, "chain", "right", 12),
+        (2, "kmask2_8layer_tree", "right", 8),
+        (2, "falcon_k2_32", "right", 8),
+        (1, "chain", "pass1", 1),
+        (2, "chain", "pass1", 2),
+        (3, "chain", "pass1", 3),
+        (2, "kmask2_8layer_tree", "pass1", 2),
+        (2, "chain", "wrong", 0),
+        (3, "kmask2_8layer_tree", "wrong", 0),
+    ],
+)
+def test_scripted_drafter_tau(k, tree, mode, a):
+    n = 1 + 4 * (a + 1)  # the prefill's token + 4 whole steps
+    kind, prompt = "seed0", PROMPTS[0]
+    ids, ref = reference(kind, prompt, n)
+    drafter = falcon(make_target(kind), k, kind=kind, prompt=prompt, n=n, mode=mode)
+    res = decode_falcon(make_target(kind), drafter, ids, n, tree=tree)
+    assert torch.equal(res.sequences, ref)
+    assert res.accept_lens == [a] * 4 and res.tree_steps == 4 and res.ar_steps == 0
+    assert res.tau == a + 1  # bonus included
+
+
+BUILT = build_falcon_tree([[0.8**d * 0.4**r for r in range(4)] for d in range(1, 7)], 24, k=2)
+TREES = ["chain", "kmask2_8layer_tree", "falcon_k2_32", BUILT]
+CASES = [("seed0", PROMPTS[0]), ("seed3", PROMPTS[1]), ("tied", PROMPTS[1])]
+
+
+@pytest.mark.parametrize("k, fusion", [(1, "linear"), (2, "linear"), (2, "lstm"), (3, "lstm")])
+@pytest.mark.parametrize("tree", TREES, ids=["chain", "kmask2_8layer_tree", "k2_32", "built"])
+def test_lossless_against_hf_greedy(k, fusion, tree):
+    for kind, prompt in CASES:
+        target = make_target(kind)
+        for mode in ("random", "mixed"):
+            drafter = falcon(target, k, fusion, kind, prompt, mode=mode, seed=len(prompt))
+            for n in (2, 37):
+                ids, ref = reference(kind, prompt, n)
+                res = decode_falcon(target, drafter, ids, n, tree=tree)
+                assert torch.equal(res.sequences, ref), (kind, mode, n)
+                assert res.verify_forwards == res.tree_steps and res.ar_steps == 0
+
+
+@pytest.mark.parametrize("k, fusion", [(1, "lstm"), (3, "linear")])
+def test_lossless_other_k_fusion_pairs(k, fusion):
+    target = make_target("seed0")
+    for mode in ("random", "mixed"):
+        drafter = falcon(target, k, fusion, "seed0", PROMPTS[1], mode=mode)
+        ids, ref = reference("seed0", PROMPTS[1], 37)
+        res = decode_falcon(target, drafter, ids, 37, tree="kmask2_8layer_tree")
+        assert torch.equal(res.sequences, ref), mode
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_prompt_shorter_than_k_starts_with_ar_steps(k):
+    kind, prompt, n = "seed3", "A", 30  # a 1-token prompt
+    ids, ref = reference(kind, prompt, n)
+    assert ids.shape[1] == 1
+    drafter = falcon(make_target(kind), k, "lstm", kind, prompt, mode="right")
+    res = decode_falcon(make_target(kind), drafter, ids, n, tree="chain")
+    assert torch.equal(res.sequences, ref)
+    assert res.ar_steps == k - 1 and res.accept_lens[: k - 1] == [0] * (k - 1)
+    assert res.accept_lens[k - 1] == 4 * k  # then full blocks
+
+
+def test_eos_inside_an_accepted_path():
+    target, prompt = tiny_target(seed=0), PROMPTS[0]  # a fresh target: eos is changed below
+    ids, ref = reference("seed0", prompt, 64)
+    out = ref[0, ids.shape[1] :].tolist()
+    # k = 2, chain of depth 8: steps emit out[1:10], out[10:19], ...; a draft token iff j % 9
+    j = next(j for j in range(10, 64) if j % 9 and out.index(out[j]) == j)
+    target.model.generation_config.eos_token_id = [target.tokenizer.eos_token_id, out[j]]
+    drafter = falcon(target, 2, kind="seed0", prompt=prompt, mode="right")
+    res = decode_falcon(target, drafter, ids, 64, tree="chain")
+    assert torch.equal(res.sequences, greedy(target, ids, 64))
+    assert res.ended_by_eos and res.new_tokens == j + 1 and res.output_ids[-1] == out[j]
+    assert res.accept_lens[-1] == (j - 1) % 9 + 1  # stopped right after the EOS draft token
+
+
+@pytest.mark.parametrize("n", [1, 2, 13, 18, 19])
+def test_max_new_tokens_inside_an_accepted_path(n):
+    ids, ref = reference("seed0", PROMPTS[0], n)
+    drafter = falcon(make_target("seed0"), 2, kind="seed0", prompt=PROMPTS[0], mode="right")
+    res = decode_falcon(make_target("seed0"), drafter, ids, n, tree="chain")
+    assert torch.equal(res.sequences, ref) and res.new_tokens == n
+    full, part = divmod(n - 1, 9)
+    assert res.accept_lens == [8] * full + ([part] if part else [])
+    assert torch.equal(decode_falcon(make_target("seed0"), drafter, ids, 0).sequences, ids)
+
+
+def _steps(calls):
+    """Group recorded calls into decoding steps: (chain calls, tree calls) each."""
+    steps = []
+    for c in calls:
+        if not c["tree"] and (not steps or steps[-1][1]):
+            steps.append(([], []))
+        steps[-1][1 if c["tree"] else 0].append(c)
+    return steps
+
+
+@pytest.mark.parametrize("k, fusion", [(1, "linear"), (2, "linear"), (2, "lstm"), (3, "lstm")])
+def test_pass1_is_exact_and_the_cache_holds_no_tree_entries(k, fusion):
+    kind, prompt, n = "seed3", PROMPTS[0], 40
+    target = make_target(kind)
+    ids, ref = reference(kind, prompt, n)
+    drafter = falcon(target, k, fusion, kind, prompt, n, mode="mixed", seed=3)
+    res = decode_falcon(target, drafter, ids, n, tree="falcon_k2_32")
+    assert torch.equal(res.sequences, ref)
+    assert len(set(res.accept_lens)) > 2  # varied accepted lengths, so all tail sizes occur
+    seq = ref[0].tolist()
+    f_ref = target.features(ref)[0]  # (1, L, d)
+    nxt = ref[:, 1:]
+    steps = _steps(drafter.calls)
+    assert len(steps) == res.verify_forwards
+    fed = ids.shape[1]  # positions fed to the drafter after the prefill: the whole prompt
+    cached = 0
+    for s, (chain, tree) in enumerate(steps):
+        # pass 1 starts on whole blocks only: no tree entry, no stale incomplete block
+        assert chain[0]["past"] == cached == k * (chain[0]["past"] // k)
+        for a, b in zip(chain, chain[1:], strict=False):
+            assert b["past"] == a["past"] + a["T"]
+        assert chain[-1]["past"] + chain[-1]["T"] == fed
+        # ... and equals the drafter's full forward over the committed sequence
+        for c in chain:
+            end = c["past"] + c["T"]
+            full = FalconDrafter.forward(drafter, f_ref[:, :end], nxt[:, :end], target.embed_tokens)
+            torch.testing.assert_close(c["out"], full[:, c["past"] :], atol=1e-4, rtol=0)
+            assert c["tokens"] == seq[c["past"] + 1 : end + 1]
+        # pass 2 reads pass 1's last k outputs (the scripted f_fed .. f_fed+k-1) and the
+        # block-0 tokens; tree passes sit on top of the committed cache
+        assert tree[0]["past"] == fed
+        assert tree[0]["pos"][:k] == list(range(fed, fed + k))
+        inputs = tree[0]["inputs"].view(-1, k, f_ref.shape[-1])
+        if fed + k < len(seq):
+            torch.testing.assert_close(inputs, f_ref[:, fed : fed + k].expand_as(inputs))
+            assert tree[0]["tokens"][:k] == seq[fed + 1 : fed + k + 1]
+        for a, b in zip(tree, tree[1:], strict=False):
+            assert b["past"] == a["past"] + a["T"]
+        cached = k * (fed // k)  # the whole blocks of what pass 1 fed
+        fed += res.accept_lens[s] + 1  # the root and the accepted nodes, fed by the next pass 1
+
+
+@pytest.mark.parametrize("k, fusion", [(1, "lstm"), (2, "linear"), (2, "lstm"), (3, "lstm")])
+def test_drafter_context_equals_full_forward(k, fusion):
+    """Random chunks fed with tree-like garbage on top in between: outputs stay exact."""
+    d, v, L = 16, 30, 40
+    torch.manual_seed(0)
+    cfg = FalconConfig(d, v, k=k, num_attention_heads=4, intermediate_size=24, fusion=fusion)
+    drafter, embed = FalconDrafter(cfg).eval(), torch.nn.Embedding(v, d)
+    gen = torch.Generator().manual_seed(k)
+    f, t = torch.randn(1, L, d, generator=gen), torch.randint(v, (1, L), generator=gen)
+    ctx = DrafterContext(drafter, embed)
+    fed = 0
+    with torch.inference_mode():
+        while fed < L:
+            n = min(int(torch.randint(1, 6, (), generator=gen)), L - fed)
+            out = ctx.extend(f[:, fed : fed + n], t[:, fed : fed + n])
+            fed += n
+            full = drafter(f[:, :fed], t[:, :fed], embed)
+            if fed < k:
+                assert out is None
+            else:
+                torch.testing.assert_close(out, full[:, fed - k :], atol=1e-5, rtol=0)
+            assert ctx.cache.length == fed
+            bias = torch.ones(1, 1, 2 * k, fed + 2 * k, dtype=torch.bool)
+            drafter(f[:, : 2 * k], t[:, : 2 * k], embed, cache=ctx.cache, attn_bias=bias)
+            ctx.truncate()
+            assert ctx.cache.length == k * (fed // k) == ctx.cached
+            if fusion == "lstm" and ctx.cached:
+                assert ctx.cache.lstm_length == ctx.cached
+
+
+@pytest.mark.slow
+def test_lossless_on_the_embedded_target(smollm2):
+    """Real weights (SmolLM2-135M) and a random Falcon drafter of its shape."""
+    ids = smollm2.tokenizer("The capital of France is", return_tensors="pt").input_ids
+    ref = greedy(smollm2, ids, 24)
+    for k, fusion, tree in [(2, "linear", "kmask2_8layer_tree"), (3, "lstm", "falcon_k2_32")]:
+        torch.manual_seed(0)
+        cfg = FalconConfig.from_target_config(smollm2.config, k=k, fusion=fusion)
+        res = decode_falcon(smollm2, FalconDrafter(cfg).eval(), ids, 24, tree=tree)
+        assert torch.equal(res.sequences, ref), (k, fusion)
