@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from drafters.models.heads import HeadDrafter
+
 
 @dataclass(frozen=True)
 class CerberusConfig:
@@ -65,27 +67,13 @@ class CerberusLayer(nn.Module):
         return res + F.silu(h)
 
 
-class CerberusHeads(nn.Module):
+class CerberusHeads(HeadDrafter):
     def __init__(self, cfg: CerberusConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.num_heads = cfg.num_heads
+        super().__init__(cfg)
         self.layers = nn.ModuleList(
             CerberusLayer(cfg.num_heads, cfg.hidden_size, cfg.learned_residual)
             for _ in range(cfg.num_layers)
         )
-        self.lm_head = (
-            nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-            if cfg.trainable_lm_head
-            else None
-        )
-
-    @torch.no_grad()
-    def load_lm_head(self, weight: torch.Tensor) -> None:
-        """Initialise the trainable LM head from the target's (V, d) head weight."""
-        if self.lm_head is None:
-            raise ValueError("load_lm_head needs trainable_lm_head=True")
-        self.lm_head.weight.copy_(weight)
 
     def hidden(self, features: torch.Tensor) -> torch.Tensor:
         """features (B, T, d) -> pre-LM-head states u^(L) (B, T, K, d); slot i is head i."""
@@ -96,10 +84,3 @@ class CerberusHeads(nn.Module):
         # einsum returns a (K, B, T, d)-strided view; a non-contiguous input would send the
         # LM head down a batched-matmul path that is ~5x slower (and so would its backward)
         return u.contiguous()
-
-    def forward(self, features: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
-        """features (B, T, d) -> logits (B, T, K, V); logits[:, t, i] predict token t+2+i."""
-        head = self.lm_head if self.lm_head is not None else lm_head
-        if head is None:
-            raise ValueError("pass the target's lm_head (trainable_lm_head=False)")
-        return head(self.hidden(features))  # (B, T, K, V)

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from drafters.models.heads import HeadDrafter
+
 
 @dataclass(frozen=True)
 class MedusaConfig:
@@ -55,39 +57,14 @@ class ResBlock(nn.Module):
         return x + F.silu(self.linear(x))
 
 
-class MedusaHeads(nn.Module):
+class MedusaHeads(HeadDrafter):
     def __init__(self, cfg: MedusaConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.num_heads = cfg.num_heads
+        super().__init__(cfg)
         self.heads = nn.ModuleList(
             nn.Sequential(*[ResBlock(cfg.hidden_size) for _ in range(cfg.num_layers)])
             for _ in range(cfg.num_heads)
         )
-        self.lm_head = (
-            nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-            if cfg.trainable_lm_head
-            else None
-        )
-
-    @torch.no_grad()
-    def load_lm_head(self, weight: torch.Tensor) -> None:
-        """Initialise the trainable LM head from the target's (V, d) head weight."""
-        if self.lm_head is None:
-            raise ValueError("load_lm_head needs trainable_lm_head=True")
-        self.lm_head.weight.copy_(weight)
 
     def hidden(self, features: torch.Tensor) -> torch.Tensor:
         """features (B, T, d) -> pre-LM-head states (B, T, K, d); slot i is head i."""
         return torch.stack([head(features) for head in self.heads], dim=2)
-
-    def forward(self, features: torch.Tensor, lm_head: nn.Module | None = None) -> torch.Tensor:
-        """features (B, T, d) -> logits (B, T, K, V); logits[:, t, i] predict token t+2+i.
-
-        `lm_head` is the target's frozen head; it is ignored when the module owns a trainable
-        copy (`trainable_lm_head=True`).
-        """
-        head = self.lm_head if self.lm_head is not None else lm_head
-        if head is None:
-            raise ValueError("pass the target's lm_head (trainable_lm_head=False)")
-        return head(self.hidden(features))  # (B, T, K, V)
