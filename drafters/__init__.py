@@ -3,9 +3,9 @@
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load_drafter": "drafters.export",
+    "load_drafter": "drafters.drafter_io",
+    "LoadedDrafter": "drafters.drafter_io",
     "export_checkpoint": "drafters.export",
-    "LoadedDrafter": "drafters.export",
     "speculative_decode": "drafters.speculate",
 }
 

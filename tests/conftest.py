@@ -41,3 +41,37 @@ def tiny_distilled(tmp_path_factory, tiny):
     run_distillation(tiny, str(src), root / "train", cfg, split=None)
     finalize(root / "train", tiny.identity.to_dict())
     return root / "train"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory, tiny_distilled):
+    """last.ckpt of a 3-step training run per drafter kind (real Hydra config, tiny target):
+    medusa (no gate), cerberus (learned gate), falcon."""
+    from pathlib import Path
+
+    import torch
+    from train_helpers import compose_config, tiny_overrides
+
+    from drafters.training.run import train
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # session fixtures start before the modules' one-thread fixtures
+    try:
+        ckpts = {}
+        for kind in ("medusa", "cerberus", "falcon"):
+            root = tmp_path_factory.mktemp(f"train_{kind}")
+            cfg = compose_config("train", tiny_overrides(root, tiny_distilled, f"drafter={kind}"))
+            train(cfg)
+            ckpts[kind] = Path(cfg.run_dir) / "checkpoints" / "last.ckpt"
+    finally:
+        torch.set_num_threads(n)
+    return ckpts
+
+
+@pytest.fixture(scope="session")
+def tiny_exported(tmp_path_factory, tiny_checkpoints):
+    """Each of `tiny_checkpoints` exported (float32, default tree) to its own folder."""
+    from drafters.export import export_checkpoint
+
+    root = tmp_path_factory.mktemp("exported")
+    return {k: export_checkpoint(p, root / f"{k}_tiny") for k, p in tiny_checkpoints.items()}

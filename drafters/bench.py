@@ -1,0 +1,330 @@
+"""Spec-Bench style benchmark (methods.md section 6): every method on the same prompts, one run.
+
+    python -m drafters.bench --bench mt_bench --per-category 2 --drafter exported/cerberus_smollm2
+    python -m drafters.bench --bench spec_bench --per-category 10 --turns 2 --threads 2 \\
+        --methods hf_greedy ar hf_prompt_lookup hf_early_exit --drafter A --drafter B --out bench/x
+
+Protocol: batch 1, greedy, one target (same dtype, same machine, same run); warm-up generations
+first; questions run one after another with every method in turn (so load drift on a shared
+machine hits all methods alike); only generation is timed (prefill + decoding, device
+synchronised; tokenization and the gate's cost measurement are not). A question's turns run in
+order, the second turn's prompt holding the method's own first answer (Spec-Bench).
+
+Methods (each optional): hf_greedy (the baseline: HF `generate(do_sample=False)` with its KV
+cache), ar (the in-house AR loop), hf_prompt_lookup (`prompt_lookup_num_tokens`), hf_early_exit
+(`assistant_early_exit`), and per `--drafter FOLDER` the method `<folder>` (no gate) and
+`<folder>+<gate>` for each gate asked for with `--gates` (head drafters).
+
+Reported per method and category (and "all"): tau (new tokens per target verification forward,
+bonus included, pooled over all turns; "-" for HF methods, whose forwards are not counted),
+alpha (accepted draft tokens / new tokens), tokens/s (mean over questions of new tokens /
+seconds, turns pooled within a question), speedup (that mean / hf_greedy's on the same
+questions), lossless (questions whose every turn equals hf_greedy's output token for token).
+Written to --out: results.json (settings, summary, per-question records), results.md (the table,
+also printed), speedup_by_category.png, accept_lengths.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import sys
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+MT_BENCH_CATEGORIES = (
+    "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
+)  # fmt: skip
+BUILTIN_METHODS = ("hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit")
+BASELINE = "hf_greedy"
+DEFAULT_EVAL_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "eval"
+
+
+@dataclass
+class Method:
+    name: str
+    kind: str  # "hf" | "ar" | a drafter kind
+    generate: Callable[[torch.Tensor, int], tuple[list[int], dict]]  # ids (1, T), n -> out
+    info: dict = field(default_factory=dict)
+    before: Callable[[torch.Tensor], dict] | None = None  # untimed per-turn set-up
+
+
+# ---- prompts ------------------------------------------------------------------------------
+
+
+def load_questions(path: Path, bench: str, per_category: int | None, seed: int) -> list[dict]:
+    """Rows of a Spec-Bench style jsonl; in spec_bench the MT-Bench categories are pooled into
+    one category "mt_bench" (Spec-Bench's multi-turn conversation). per_category: a seeded
+    sample of that many questions per category, kept in file order."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (--eval-dir, see shared/eval/README.md)")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in rows:
+        if bench == "spec_bench" and r["category"] in MT_BENCH_CATEGORIES:
+            r["category"] = "mt_bench"
+    if per_category is not None:
+        rng = random.Random(seed)
+        by_cat: dict[str, list[int]] = {}
+        for i, r in enumerate(rows):
+            by_cat.setdefault(r["category"], []).append(i)
+        keep = {i for idx in by_cat.values() for i in rng.sample(idx, min(per_category, len(idx)))}
+        rows = [r for i, r in enumerate(rows) if i in keep]
+    return rows
+
+
+# ---- methods ------------------------------------------------------------------------------
+
+
+def hf_method(target, name: str, **generate_kwargs) -> Method:
+    def generate(ids: torch.Tensor, n: int) -> tuple[list[int], dict]:
+        out = target.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=n,
+            pad_token_id=target.tokenizer.pad_token_id,
+            **generate_kwargs,
+        )
+        return out[0, ids.shape[1] :].tolist(), {}
+
+    return Method(name, "hf", generate, dict(generate_kwargs))
+
+
+def ar_method(target) -> Method:
+    from drafters.decoding import decode_ar
+
+    def generate(ids: torch.Tensor, n: int) -> tuple[list[int], dict]:
+        res = decode_ar(target, ids, n)
+        return res.output_ids.tolist(), _decode_stats(res)
+
+    return Method("ar", "ar", generate)
+
+
+def drafter_method(target, drafter, gate: str | None, name: str) -> Method:
+    from drafters.speculate import cost_ratio, speculative_decode
+
+    state: dict = {}
+
+    def before(ids: torch.Tensor) -> dict:
+        if gate is None:
+            return {}
+        state["cost_ratio"] = cost_ratio(target, drafter, ids.shape[1])
+        return {"cost_ratio": state["cost_ratio"]}
+
+    def generate(ids: torch.Tensor, n: int) -> tuple[list[int], dict]:
+        res = speculative_decode(
+            target, drafter, ids, n, gate=gate or "none", cost_ratio=state.get("cost_ratio")
+        )
+        return res.output_ids.tolist(), _decode_stats(res)
+
+    tree = drafter.tree
+    info = {
+        "drafter": str(drafter.folder),
+        "gate": gate,
+        "tree": drafter.config["tree"]["name"],
+        "tree_nodes": len(tree) if hasattr(tree, "__len__") else None,
+        "num_params": drafter.config["weights"]["num_params"],
+    }
+    return Method(name, drafter.kind, generate, info, before)
+
+
+def _decode_stats(res) -> dict:
+    s = res.stats()
+    hist = Counter(res.accept_lens)
+    s["accept_hist"] = [hist.get(a, 0) for a in range(max(hist, default=-1) + 1)]
+    s.pop("wall_time_s")
+    return s
+
+
+def build_methods(args, target) -> list[Method]:
+    from drafters.drafter_io import load_drafter
+
+    methods: list[Method] = []
+    for name in args.methods:
+        if name == "hf_greedy":
+            methods.append(hf_method(target, name))
+        elif name == "ar":
+            methods.append(ar_method(target))
+        elif name == "hf_prompt_lookup":
+            methods.append(hf_method(target, name, prompt_lookup_num_tokens=args.prompt_lookup))
+        elif name == "hf_early_exit":
+            layer = args.early_exit_layer or max(1, target.config.num_hidden_layers // 5)
+            methods.append(hf_method(target, name, assistant_early_exit=layer))
+    taken = {m.name for m in methods}
+    for folder in args.drafter:
+        drafter = load_drafter(folder, target)  # refuses a drafter of another target
+        base = drafter.name
+        i = 2
+        while base in taken:
+            base, i = f"{drafter.name}_{i}", i + 1
+        gates: list[str | None] = []
+        for g in args.gates:
+            g = (drafter.config["gate"]["default"] if g == "default" else g) or "none"
+            if g != "none" and (drafter.kind == "falcon" or g not in drafter.gates):
+                continue  # no such gate on this drafter
+            gates.append(None if g == "none" else g)
+        for g in dict.fromkeys(gates):
+            name = base if g is None else f"{base}+{g}"
+            taken.add(name)
+            methods.append(drafter_method(target, drafter, g, name))
+    if not methods:
+        raise SystemExit("no method to run: give --methods and/or --drafter")
+    return methods
+
+
+# ---- running ------------------------------------------------------------------------------
+
+
+def run_question(target, method: Method, question: dict, turns: int, max_new_tokens: int) -> dict:
+    from drafters.data.chat import render_prompt
+    from drafters.decoding.result import sync_clock
+
+    tok = target.tokenizer
+    messages: list[dict] = []
+    records = []
+    for text in question["turns"][:turns]:
+        messages.append({"role": "user", "content": text})
+        ids = torch.tensor([render_prompt(tok, messages)], device=target.device)
+        extra = method.before(ids) if method.before else {}
+        t0 = sync_clock(target.device)
+        out, stats = method.generate(ids, max_new_tokens)
+        seconds = sync_clock(target.device) - t0
+        answer = tok.decode(out, skip_special_tokens=True)
+        messages.append({"role": "assistant", "content": answer})
+        records.append(
+            {"prompt_tokens": ids.shape[1], "new_tokens": len(out), "seconds": seconds,
+             **stats, **extra, "answer": answer, "_ids": out}
+        )  # fmt: skip
+    new = sum(r["new_tokens"] for r in records)
+    seconds = sum(r["seconds"] for r in records)
+    return {
+        "question_id": question["question_id"],
+        "category": question["category"],
+        "method": method.name,
+        "new_tokens": new,
+        "seconds": seconds,
+        "tokens_per_s": new / seconds if seconds > 0 else float("nan"),
+        "turns": records,
+    }
+
+
+def mark_lossless(records: list[dict]) -> None:
+    """Per turn and per question: equal to hf_greedy's output token for token (None without
+    the baseline). Drops the token ids afterwards (the JSON keeps the decoded answers)."""
+    ref = next((r for r in records if r["method"] == BASELINE), None)
+    for r in records:
+        for i, t in enumerate(r["turns"]):
+            t["lossless"] = None if ref is None else t["_ids"] == ref["turns"][i]["_ids"]
+        r["lossless"] = None if ref is None else all(t["lossless"] for t in r["turns"])
+    for r in records:
+        for t in r["turns"]:
+            t.pop("_ids")
+
+
+def run(args) -> dict:
+    from drafters.bench_report import write_reports
+    from drafters.drafter_io import read_config
+    from drafters.target import load_target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    eval_file = Path(args.eval_dir) / f"{args.bench}_question.jsonl"
+    questions = load_questions(eval_file, args.bench, args.per_category, args.seed)
+    identity = read_config(args.drafter[0])["target"] if args.drafter else None
+    target = load_target(args.target, identity, args.dtype, args.device)
+    methods = build_methods(args, target)
+
+    for q in questions[: args.warmup]:  # warm-up: allocators, kernels, caches; not recorded
+        for m in methods:
+            run_question(target, m, q, 1, min(args.max_new_tokens, 32))
+
+    records: list[dict] = []
+    bar = tqdm(questions, desc="bench", unit="prompt", dynamic_ncols=True, file=sys.stderr)
+    for q in bar:
+        batch = [run_question(target, m, q, args.turns, args.max_new_tokens) for m in methods]
+        mark_lossless(batch)
+        records += batch
+        bar.set_postfix({r["method"][:12]: f"{r['tokens_per_s']:.0f}" for r in batch[:4]})
+    bar.close()
+
+    settings = {
+        "bench": args.bench,
+        "eval_file": str(eval_file),
+        "questions": len(questions),
+        "per_category": args.per_category,
+        "seed": args.seed,
+        "turns": args.turns,
+        "max_new_tokens": args.max_new_tokens,
+        "warmup_questions": min(args.warmup, len(questions)),
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "device": str(target.device),
+        "dtype": str(target.dtype).replace("torch.", ""),
+        "target": target.identity.to_dict(),
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "timing": "generation only (prefill + decoding); gate cost ratio measured untimed",
+        "tau": "new tokens per target verification forward, bonus token included",
+    }
+    info = {m.name: {"kind": m.kind, **m.info} for m in methods}
+    return write_reports(Path(args.out), settings, info, records, BASELINE)
+
+
+def parse_args(argv: list[str] | None = None):
+    p = argparse.ArgumentParser(
+        prog="python -m drafters.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--bench", choices=["mt_bench", "spec_bench"], default="mt_bench")
+    p.add_argument("--eval-dir", default=str(DEFAULT_EVAL_DIR), help="holds <bench>_question.jsonl")
+    p.add_argument("--per-category", type=int, default=None, help="questions per category")
+    p.add_argument("--seed", type=int, default=0, help="seed of the per-category sample")
+    p.add_argument("--turns", type=int, choices=[1, 2], default=1)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=1, help="questions run untimed first")
+    p.add_argument(
+        "--methods",
+        nargs="*",
+        choices=BUILTIN_METHODS,
+        default=["hf_greedy", "ar"],
+        help="built-in methods (hf_greedy is the baseline of speedup and lossless)",
+    )
+    p.add_argument("--drafter", action="append", default=[], help="exported drafter folder")
+    p.add_argument(
+        "--gates",
+        nargs="+",
+        choices=["none", "default", "entropy", "learned"],
+        default=["none", "default"],
+        help="gate variants per head drafter (default: without gate and with its own gate)",
+    )
+    p.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens")
+    p.add_argument(
+        "--early-exit-layer", type=int, default=None, help="assistant_early_exit (default L/5)"
+    )
+    p.add_argument("--target", default=None, help="smollm2_135m | tiny | HF id/folder")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None, help="target dtype (default float32 on the CPU)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--out", default="bench_results", help="output folder")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    print(result["markdown"])
+    print(f"\nwritten to {args.out}: " + ", ".join(result["files"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

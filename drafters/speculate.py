@@ -1,0 +1,74 @@
+"""One entry point for speculative decoding with an exported drafter, whatever its kind.
+
+    speculative_decode(target, drafter, input_ids, max_new_tokens, gate=..., tree=...)
+
+Head drafters (Medusa, Cerberus) go to `drafters.decoding.decode_heads` with their static tree
+and, optionally, a gate; Falcon goes to `drafters.decoding.falcon.decode_falcon` with its tree
+spec. Every path is greedy and lossless: the output equals the target's plain greedy output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from drafters.decoding import DecodeResult, decode_heads, get_tree, measure_cost_ratio
+from drafters.decoding.falcon import decode_falcon
+from drafters.drafter_io import HEAD_KINDS, LoadedDrafter
+from drafters.target import Target
+
+
+def has_gate(drafter: LoadedDrafter, gate: Any) -> bool:
+    return drafter.get_gate(gate) is not None if isinstance(gate, str | None) else True
+
+
+def cost_ratio(target: Target, drafter: LoadedDrafter, prompt_len: int, tree: Any = None) -> float:
+    """c_tree / c_ar of a head drafter's tree step on this machine at this context length (the
+    drafter's forward and top-k counted in c_tree), as `decode_heads` measures it itself."""
+    if drafter.kind not in HEAD_KINDS:
+        raise ValueError(f"a {drafter.kind} drafter has no gate, so no cost ratio")
+    t = get_tree(tree if tree is not None else drafter.tree)
+    f = torch.zeros(1, 1, target.hidden_size, dtype=target.dtype, device=target.device)
+    root = torch.zeros((), dtype=torch.long, device=target.device)
+
+    def draft():
+        return t.candidates(root, drafter.model(f, target.lm_head)[0, 0])
+
+    return measure_cost_ratio(target, t, prompt_len, draft=draft)
+
+
+@torch.inference_mode()
+def speculative_decode(
+    target: Target,
+    drafter: LoadedDrafter,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    gate: Any = "default",
+    tree: Any = None,
+    cost_ratio: float | None = None,
+) -> DecodeResult:
+    """Greedy speculative decoding of input_ids (1, T) with an exported drafter.
+
+    gate: "default" (the drafter's own, config.json gate.default), "none"/None, "entropy",
+    "learned", or any object with `expected_accept(f, logits)`. Head drafters only.
+    tree: None (the drafter's exported tree) or a spec for the decoder (a preset name,
+    `chain<K>`, a list of paths; Falcon: what `decode_falcon` accepts).
+    cost_ratio: c_tree / c_ar for a gated decode (None: measured by the decoder on this prompt).
+    """
+    if drafter.kind in HEAD_KINDS:
+        g = drafter.get_gate(gate) if isinstance(gate, str | None) else gate
+        return decode_heads(
+            target,
+            drafter.model,
+            drafter.tree if tree is None else tree,
+            input_ids,
+            max_new_tokens,
+            gate=g,
+            cost_ratio=cost_ratio if g is not None else None,
+        )
+    if gate not in (None, "none", "default"):
+        raise ValueError(f"a {drafter.kind} drafter has no gate (asked for {gate!r})")
+    tree = drafter.tree if tree is None else tree
+    kwargs = {} if tree is None else {"tree": tree}
+    return decode_falcon(target, drafter.model, input_ids, max_new_tokens, **kwargs)

@@ -1,0 +1,164 @@
+"""`python -m drafters.generate` and `python -m drafters.bench` on the tiny target, and one end to
+end run on the embedded SmolLM2: distil, train, export, decode == HF greedy."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import ROOT, compose_config, tiny_overrides
+
+from drafters.bench import load_questions
+from drafters.bench import main as bench_main
+
+HAS_FALCON_DECODER = importlib.util.find_spec("drafters.decoding.falcon") is not None
+SHARED_EVAL = ROOT.parent / "shared" / "eval"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one intra-op thread, or OpenMP stalls on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def write_eval(folder: Path, name: str = "mt_bench") -> Path:
+    """A tiny Spec-Bench style file: 2 categories x 2 two-turn questions."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [
+        (1, "writing", ["Write a line about rain.", "Make it sadder."]),
+        (2, "writing", ["Describe a cat.", "Shorter, please."]),
+        (3, "math", ["What is 2 + 2?", "And 3 + 3?"]),
+        (4, "math", ["Solve x + 1 = 3.", "Check it."]),
+    ]
+    lines = [json.dumps({"question_id": i, "category": c, "turns": t}) for i, c, t in rows]
+    (folder / f"{name}_question.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_question_sampling_is_deterministic(tmp_path):
+    path = write_eval(tmp_path) / "mt_bench_question.jsonl"
+    a = load_questions(path, "mt_bench", 1, seed=0)
+    assert [q["category"] for q in a] == ["writing", "math"]
+    assert a == load_questions(path, "mt_bench", 1, seed=0)
+    assert len(load_questions(path, "mt_bench", None, 0)) == 4
+
+
+@pytest.mark.skipif(not SHARED_EVAL.is_dir(), reason="no ../shared/eval beside the repository")
+def test_the_shared_prompt_sets():
+    mt = load_questions(SHARED_EVAL / "mt_bench_question.jsonl", "mt_bench", 2, 0)
+    assert len(mt) == 16 and all(len(q["turns"]) == 2 for q in mt)
+    spec = load_questions(SHARED_EVAL / "spec_bench_question.jsonl", "spec_bench", 3, 0)
+    cats = {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
+    assert {q["category"] for q in spec} == cats and len(spec) == 18
+
+
+def test_bench_on_the_tiny_target(tmp_path, tiny_exported, capsys):
+    kinds = ["medusa", "cerberus"] + (["falcon"] if HAS_FALCON_DECODER else [])
+    out = tmp_path / "bench"
+    argv = [
+        "--eval-dir", str(write_eval(tmp_path / "eval")),
+        "--per-category", "1",
+        "--turns", "2",
+        "--max-new-tokens", "16",
+        "--threads", "1",
+        "--methods", "hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit",
+        "--prompt-lookup", "3",
+        "--early-exit-layer", "1",
+        "--gates", "none", "default", "entropy",
+        "--out", str(out),
+    ]  # fmt: skip
+    for k in kinds:
+        argv += ["--drafter", str(tiny_exported[k])]
+    assert bench_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| method | category |" in printed and "cerberus_tiny+learned" in printed
+
+    for f in ("results.json", "results.md", "speedup_by_category.png", "accept_lengths.png"):
+        assert (out / f).stat().st_size > 0, f
+    assert (out / "speedup_by_category.png").read_bytes()[:4] == b"\x89PNG"
+    res = json.loads((out / "results.json").read_text())
+    methods = ["hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit", "medusa_tiny"]
+    methods += ["medusa_tiny+entropy", "cerberus_tiny", "cerberus_tiny+learned"]
+    methods += ["cerberus_tiny+entropy"] + (["falcon_tiny"] if HAS_FALCON_DECODER else [])
+    assert list(res["methods"]) == methods
+    assert res["settings"]["threads"] == 1 and res["settings"]["questions"] == 2
+    rows = {(r["method"], r["category"]): r for r in res["summary"]}
+    assert {c for _, c in rows} == {"writing", "math", "all"}
+    assert all(
+        r["lossless"] is True and r["lossless_prompts"] == r["prompts"] for r in rows.values()
+    )
+    assert rows["hf_greedy", "all"]["speedup"] == pytest.approx(1.0)
+    assert rows["hf_greedy", "all"]["tau"] is None and rows["ar", "all"]["tau"] == 1.0
+    for m in methods[4:]:
+        r = rows[m, "all"]
+        assert r["tau"] >= 1.0 and 0.0 <= r["alpha"] < 1.0 and r["speedup"] > 0
+    assert len(res["records"]) == 2 * len(methods)
+    rec = next(r for r in res["records"] if r["method"] == "cerberus_tiny+learned")
+    assert len(rec["turns"]) == 2 and "cost_ratio" in rec["turns"][0]
+    # the second turn's prompt holds the first answer: it is longer than the first prompt
+    assert rec["turns"][1]["prompt_tokens"] > rec["turns"][0]["prompt_tokens"]
+    assert "yes (2/2)" in (out / "results.md").read_text()
+
+
+def test_generate_command(tiny_exported):
+    cmd = [sys.executable, "-m", "drafters.generate", "--drafter", str(tiny_exported["cerberus"]),
+           "--prompt", "Tell me about topic number 3.", "--max-new-tokens", "12",
+           "--threads", "1"]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    stats = res.stdout.strip().splitlines()[-1]
+    assert "tau " in stats and "alpha " in stats and "tokens/s " in stats
+    assert "12 tokens" in stats and "tiny-random-llama-seed0" in stats
+
+
+@pytest.mark.slow
+def test_end_to_end_on_the_embedded_target(tmp_path, smollm2):
+    """Distil 6 conversations with SmolLM2, train Medusa heads a few steps through the real
+    Hydra config, export, and decode: speculative output == HF greedy output."""
+    from drafters.data.chat import render_prompt
+    from drafters.distill import DistillConfig, finalize, run_distillation
+    from drafters.drafter_io import load_drafter
+    from drafters.export import export_checkpoint
+    from drafters.speculate import speculative_decode
+    from drafters.training.run import train
+
+    topics = ["the moon", "bread", "rivers", "chess", "owls", "rain"]
+    rows = [
+        {"id": f"e2e{i}_0", "conversations": [
+            {"from": "human", "value": f"Tell me one fact about {t}."},
+            {"from": "gpt", "value": "original answer"}]}
+        for i, t in enumerate(topics)
+    ]  # fmt: skip
+    src = tmp_path / "conversations.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = DistillConfig(max_new_tokens=32, batch_size=6, drop_length_cut=False)
+    run_distillation(smollm2, str(src), tmp_path / "distilled", cfg, split=None)
+    finalize(tmp_path / "distilled", smollm2.identity.to_dict())
+
+    overrides = [o for o in tiny_overrides(tmp_path, tmp_path / "distilled") if o != "target=tiny"]
+    overrides += ["target=smollm2_135m", "drafter=medusa", "data.batch_size=2",
+                  "trainer.max_steps=4", "trainer.max_epochs=4", "trainer.val_check_interval=1.0",
+                  "data.val_fraction=0.3"]  # fmt: skip
+    train(compose_config("train", overrides))
+    ckpt = next((tmp_path / "logs" / "train").glob("*/checkpoints/last.ckpt"))
+    folder = export_checkpoint(ckpt, tmp_path / "medusa_smollm2")
+
+    drafter = load_drafter(folder, smollm2)
+    assert drafter.config["target"]["name"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert drafter.config["source"]["global_step"] == 4
+    for text in ["What is the capital of France?", "Write a short poem about the sea."]:
+        ids = torch.tensor([render_prompt(smollm2.tokenizer, [{"role": "user", "content": text}])])
+        ref = smollm2.model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=48
+        )
+        res = speculative_decode(smollm2, drafter, ids, 48, gate="none")
+        assert torch.equal(res.sequences, ref), text
+        assert res.tree_steps == res.verify_forwards > 0 and res.tau >= 1.0
+        gated = speculative_decode(smollm2, drafter, ids, 48, gate="entropy", cost_ratio=2.0)
+        assert torch.equal(gated.sequences, ref), text
