@@ -1,8 +1,14 @@
 """Shared fixtures: a tiny random Llama target (unit tests) and the real embedded SmolLM2."""
 
 import pytest
+import torch
 
 from drafters.target import from_packaged_gguf, tiny_target
+
+# Tests run tiny models: with more than one intra-op thread, OpenMP spin-waits cost far more
+# than they gain (50-80x slower seen on a loaded 2-core machine). Subprocess tests set
+# OMP_NUM_THREADS themselves.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -49,22 +55,16 @@ def tiny_checkpoints(tmp_path_factory, tiny_distilled):
     medusa (no gate), cerberus (learned gate), falcon."""
     from pathlib import Path
 
-    import torch
     from train_helpers import compose_config, tiny_overrides
 
     from drafters.training.run import train
 
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # session fixtures start before the modules' one-thread fixtures
-    try:
-        ckpts = {}
-        for kind in ("medusa", "cerberus", "falcon"):
-            root = tmp_path_factory.mktemp(f"train_{kind}")
-            cfg = compose_config("train", tiny_overrides(root, tiny_distilled, f"drafter={kind}"))
-            train(cfg)
-            ckpts[kind] = Path(cfg.run_dir) / "checkpoints" / "last.ckpt"
-    finally:
-        torch.set_num_threads(n)
+    ckpts = {}
+    for kind in ("medusa", "cerberus", "falcon"):
+        root = tmp_path_factory.mktemp(f"train_{kind}")
+        cfg = compose_config("train", tiny_overrides(root, tiny_distilled, f"drafter={kind}"))
+        train(cfg)
+        ckpts[kind] = Path(cfg.run_dir) / "checkpoints" / "last.ckpt"
     return ckpts
 
 

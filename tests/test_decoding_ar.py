@@ -10,15 +10,6 @@ from drafters.target import Target, tiny_target
 PROMPTS = ["The quick brown fox", "def f(x):"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread, or OpenMP stalls on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tied_target(seed: int) -> Target:
     """A tiny target whose LM head is its input embedding (tie_word_embeddings=True).
 

@@ -15,15 +15,6 @@ from drafters.target import Target, tiny_target
 PROMPTS = ["The quick brown fox", "Hello, how are you?"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread, or OpenMP stalls on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @functools.cache
 def make_target(kind: str) -> Target:
     return tied_target(seed=1) if kind == "tied" else tiny_target(seed=int(kind[-1]))

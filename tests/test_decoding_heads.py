@@ -16,15 +16,6 @@ K = 4  # heads
 PROMPTS = ["The quick brown fox", "Hello, how are you?"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread, or OpenMP stalls on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 class OracleHeads(nn.Module):
     """A head drafter with hand-written predictions from a known greedy sequence.
 

@@ -11,15 +11,6 @@ from drafters.target import tiny_target
 PROMPT = "The quick brown fox"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread, or OpenMP stalls on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module", params=["sdpa", "eager"])
 def setup(request):
     target = tiny_target(seed=0)

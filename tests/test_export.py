@@ -19,15 +19,6 @@ from drafters.target import tiny_target
 KINDS = ["medusa", "cerberus", "falcon"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread, or OpenMP stalls on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def lit_module(ckpt_path):
     """The checkpoint's own DrafterLitModule (Lightning is fine in a test)."""
     from drafters.training.module import DrafterLitModule

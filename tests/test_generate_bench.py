@@ -18,15 +18,6 @@ HAS_FALCON_DECODER = importlib.util.find_spec("drafters.decoding.falcon") is not
 SHARED_EVAL = ROOT.parent / "shared" / "eval"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread, or OpenMP stalls on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def write_eval(folder: Path, name: str = "mt_bench") -> Path:
     """A tiny Spec-Bench style file: 2 categories x 2 two-turn questions."""
     folder.mkdir(parents=True, exist_ok=True)

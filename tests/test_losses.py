@@ -25,7 +25,9 @@ def _offset_logits(ids, offset, K):
 
 def test_head_i_right_only_at_offset_2_plus_i():
     T, K = 20, 3
-    ids = torch.randperm(V)[:T].unsqueeze(0)  # distinct tokens: one right offset per head
+    g = torch.Generator().manual_seed(0)
+    # distinct tokens, none of them 0 (the "prediction" past the end): one right offset per head
+    ids = (torch.randperm(V - 1, generator=g)[:T] + 1).unsqueeze(0)
     mask = torch.ones(1, T)
     for offset in range(1, 6):
         _, m = heads_loss(_offset_logits(ids, offset, K), ids, mask)

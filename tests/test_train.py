@@ -12,14 +12,6 @@ from drafters.training.run import build_module, train
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_the_paper_and_embedded_experiments_exist():
     assert {
         "falcon_vicuna7b",
