@@ -107,3 +107,15 @@ def test_package_file_recovers_all_complete_conversations():
     assert d["read"] - 1 > 17_500  # complete records before the cut
     assert d["read"] == d["kept"] + d["other_split"] + sum(d["skipped"].values())
     assert train == d["kept"] > 15_000
+
+
+def test_hf_dataset_source_streams_through_datasets(tmp_path):
+    """`hf:NAME[:split]` goes through datasets.load_dataset (a hub id on a cluster; here a local
+    folder of JSON files, which load_dataset reads the same way)."""
+    folder = tmp_path / "sharegpt_hf"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in GOOD) + "\n")
+    stats = ReadStats()
+    kept = list(read_conversations(f"hf:{folder}:train", stats))
+    assert [c.id for c in kept] == ["a_0", "b_0", "c_1"]
+    assert stats.read == 3
