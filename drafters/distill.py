@@ -38,7 +38,6 @@ class DistillConfig:
     temperature: float = 0.7
     top_p: float = 1.0
     seed: int = 0
-    drop_length_cut: bool = True  # drop turns cut by max_new_tokens (and the turns after them)
 
     def fingerprint(self) -> str:
         """What a resumed run must agree on to reuse the shards of an earlier one."""
@@ -121,7 +120,7 @@ def generate_turns(
             r["messages"] += [r["pending_users"][turn], {"role": "assistant", "content": text}]
             r["response_ids"].append(ids)
             r["finish"].append(finish)
-            if finish == "length" and cfg.drop_length_cut:
+            if finish == "length":  # later turns would build on a truncated answer
                 r["stopped"] = "length_cut"
         turn += 1
     for r in records:
@@ -284,14 +283,25 @@ def _features():
     )
 
 
-def finalize(out_dir: str | Path, target_identity: dict, run_stats: dict | None = None):
-    """Merge shards into `out_dir/dataset` (Arrow), atomically; returns (dataset, stats)."""
+def finalize(
+    out_dir: str | Path,
+    target_identity: dict,
+    run_stats: dict | None = None,
+    drop_length_cut: bool = False,
+):
+    """Merge shards into `out_dir/dataset` (Arrow), atomically; returns (dataset, stats).
+
+    A conversation ends at its first answer cut by max_new_tokens (nothing after it was
+    generated). drop_length_cut=False keeps that answer as the last turn, marked "length", and
+    the training examples leave its end-of-turn token out of the loss (the target never said
+    it there); True drops the cut answer too.
+    """
     from datasets import Dataset
 
     DATASET_FEATURES = _features()
     out_dir = Path(out_dir)
     manifest = json.loads((out_dir / "manifest.json").read_text())
-    drop_cut = manifest["config"]["drop_length_cut"]
+    drop_cut = drop_length_cut
     rows, finish, stopped = [], Counter(), Counter()
     records = load_records(out_dir, manifest.get("num_batches"))
     dropped_turns = dropped_convs = 0
@@ -330,6 +340,7 @@ def finalize(out_dir: str | Path, target_identity: dict, run_stats: dict | None 
     }
     if run_stats:
         stats["run"] = run_stats
+    stats["drop_length_cut"] = drop_cut
     meta = {"target": target_identity, "distill": manifest, "stats": stats}
     columns = {name: [row[name] for row in rows] for name in DATASET_FEATURES}
     ds = Dataset.from_dict(columns, features=DATASET_FEATURES)
@@ -395,7 +406,7 @@ def distill(cfg) -> dict | None:
     if cfg.stage == "generate":
         return None
     manifest = json.loads((Path(cfg.out_dir) / "manifest.json").read_text())
-    _, stats = finalize(cfg.out_dir, manifest["target"], run_stats)
+    _, stats = finalize(cfg.out_dir, manifest["target"], run_stats, cfg.drop_length_cut)
     print(json.dumps(stats, indent=1))
     print(f"[distill] dataset: {Path(cfg.out_dir) / 'dataset'}; stats: {cfg.out_dir}/stats.json")
     return stats

@@ -43,7 +43,7 @@ def tiny_distilled(tmp_path_factory, tiny):
         rows.append({"id": f"tiny{i}_0", "conversations": turns})
     src = root / "conversations.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    cfg = DistillConfig(max_new_tokens=16, batch_size=8, drop_length_cut=False)
+    cfg = DistillConfig(max_new_tokens=16, batch_size=8)
     run_distillation(tiny, str(src), root / "train", cfg, split=None)
     finalize(root / "train", tiny.identity.to_dict())
     return root / "train"

@@ -17,7 +17,23 @@ def make_source(path, n=7):
     return str(path)
 
 
-CFG = DistillConfig(max_new_tokens=6, batch_size=3, drop_length_cut=False)
+CFG = DistillConfig(max_new_tokens=6, batch_size=3)
+
+
+@pytest.fixture(scope="module")
+def chatty():
+    """A tiny random target that ends its first answers by "EOS" (a token it emits early is made
+    an end-of-turn token too), so conversations get past their first turn."""
+    import torch
+
+    from drafters.data.chat import render_prompt
+    from drafters.target import tiny_target
+
+    target = tiny_target(seed=0)
+    prompt = render_prompt(target.tokenizer, [{"role": "user", "content": "question 0"}])
+    out = target.model.generate(torch.tensor([prompt]), max_new_tokens=2, do_sample=False)
+    target.model.generation_config.eos_token_id = [target.tokenizer.eos_token_id, int(out[0, -1])]
+    return target
 
 
 def dataset_rows(out):
@@ -25,7 +41,8 @@ def dataset_rows(out):
     return ds.to_list(), meta
 
 
-def test_turns_are_regenerated_from_own_answers(tmp_path, tiny):
+def test_turns_are_regenerated_from_own_answers(tmp_path, chatty):
+    tiny = chatty
     src = make_source(tmp_path / "c.jsonl")
     D.run_distillation(tiny, src, tmp_path / "out", CFG, split=None)
     finalize(tmp_path / "out", tiny.identity.to_dict())
@@ -35,7 +52,7 @@ def test_turns_are_regenerated_from_own_answers(tmp_path, tiny):
     assert [m["role"] for m in two["messages"]] == ["user", "assistant"] * 2
     assert all(m["content"] != "old" for m in two["messages"] if m["role"] == "assistant")
     assert len(two["response_ids"]) == 2 and all(len(x) <= 6 for x in two["response_ids"])
-    assert set(two["finish"]) <= {"eos", "length"}
+    assert two["finish"][0] == "eos" and set(two["finish"]) <= {"eos", "length"}
     assert meta["target"]["tokenizer_hash"] == tiny.identity.tokenizer_hash
     # the answer text is the decoded token ids; EOS (when present) is the last id
     tok = tiny.tokenizer
@@ -106,15 +123,15 @@ def test_sharded_distillation_merges_to_the_unsharded_dataset(tmp_path, tiny):
 def test_resume_with_other_settings_is_refused(tmp_path, tiny):
     src = make_source(tmp_path / "c.jsonl", n=2)
     D.run_distillation(tiny, src, tmp_path / "out", CFG, split=None)
-    other = DistillConfig(max_new_tokens=7, batch_size=3, drop_length_cut=False)
+    other = DistillConfig(max_new_tokens=7, batch_size=3)
     with pytest.raises(DistillResumeError, match="config"):
         D.run_distillation(tiny, src, tmp_path / "out", other, split=None)
 
 
-def test_length_cut_turns_are_dropped_with_later_turns(tmp_path, tiny):
+@pytest.mark.parametrize("drop", [True, False])
+def test_length_cut_answers_end_the_conversation(tmp_path, tiny, drop):
     src = make_source(tmp_path / "c.jsonl", n=4)
-    cfg = DistillConfig(max_new_tokens=3, batch_size=4, drop_length_cut=True)
-    D.run_distillation(tiny, src, tmp_path / "out", cfg, split=None)
+    D.run_distillation(tiny, src, tmp_path / "out", DistillConfig(batch_size=4), split=None)
     # hand-written outcomes: c0 ends by EOS; c1 turn 1 EOS, turn 2 cut; c2 cut; c3 both EOS
     shard = tmp_path / "out" / "shards" / "batch-000000.json"
     data = json.loads(shard.read_text())
@@ -127,15 +144,16 @@ def test_length_cut_turns_are_dropped_with_later_turns(tmp_path, tiny):
             m for u in user[: len(fin)] for m in (u, {"role": "assistant", "content": "a"})
         ]
     shard.write_text(json.dumps(data))
-    _, stats = finalize(tmp_path / "out", tiny.identity.to_dict())
+    _, stats = finalize(tmp_path / "out", tiny.identity.to_dict(), drop_length_cut=drop)
     rows, _ = dataset_rows(tmp_path / "out")
-    assert [(r["id"], r["finish"]) for r in rows] == [
-        ("c0", ["eos"]),
-        ("c1", ["eos"]),
-        ("c3", ["eos", "eos"]),
-    ]
-    assert [m["role"] for m in rows[1]["messages"]] == ["user", "assistant"]
-    assert stats["length_cut_turns_dropped"] == 2 and stats["conversations_dropped"] == 1
+    got = [(r["id"], r["finish"]) for r in rows]
+    if drop:
+        assert got == [("c0", ["eos"]), ("c1", ["eos"]), ("c3", ["eos", "eos"])]
+        assert [m["role"] for m in rows[1]["messages"]] == ["user", "assistant"]
+        assert stats["length_cut_turns_dropped"] == 2 and stats["conversations_dropped"] == 1
+    else:
+        assert got == [(f"c{i}", f) for i, f in enumerate(finishes)]
+        assert stats["length_cut_turns_dropped"] == 0 and stats["conversations_dropped"] == 0
 
 
 def test_generation_stops_a_conversation_at_its_first_length_cut(tiny):
@@ -145,9 +163,6 @@ def test_generation_stops_a_conversation_at_its_first_length_cut(tiny):
     conv = Conversation("x", msgs, 0)
     keep = D.generate_turns(tiny, [conv], DistillConfig(max_new_tokens=2), 0)[0]
     assert keep["finish"] == ["length"] and keep["stopped"] == "length_cut"
-    cfg = DistillConfig(max_new_tokens=2, drop_length_cut=False, max_turns=2)
-    every = D.generate_turns(tiny, [conv], cfg, 0)[0]
-    assert every["finish"] == ["length", "length"] and every["stopped"] is None
 
 
 def test_dataset_for_another_target_is_refused(tmp_path, tiny):
@@ -178,7 +193,6 @@ def test_end_to_end_with_the_embedded_target(tmp_path):
         "generation.max_new_tokens=24",
         "generation.max_turns=2",
         "generation.batch_size=3",
-        "generation.drop_length_cut=false",
         f"out_dir={out}",
         f"paths.log_dir={tmp_path / 'logs'}",
     ]

@@ -128,7 +128,7 @@ def test_end_to_end_on_the_embedded_target(tmp_path, smollm2):
     ]  # fmt: skip
     src = tmp_path / "conversations.jsonl"
     src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    cfg = DistillConfig(max_new_tokens=32, batch_size=6, drop_length_cut=False)
+    cfg = DistillConfig(max_new_tokens=32, batch_size=6)
     run_distillation(smollm2, str(src), tmp_path / "distilled", cfg, split=None)
     finalize(tmp_path / "distilled", smollm2.identity.to_dict())
 

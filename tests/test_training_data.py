@@ -119,3 +119,27 @@ def test_missing_dataset_says_how_to_make_it(tmp_path, tiny):
     dm = DistilledDataModule(str(tmp_path / "none"), distill_command="python data/distill.py X")
     with pytest.raises(FileNotFoundError, match="python data/distill.py X"):
         dm.attach(tiny).setup()
+
+
+def test_a_cut_answer_keeps_its_tokens_but_not_its_end_of_turn(tiny):
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "cut off her"}]
+    whole = ConversationExamples(
+        [{"key": "a", "messages": msgs, "finish": ["eos"]}], tiny.tokenizer, 256, tiny.eos_token_ids
+    )[0]
+    cut = ConversationExamples(
+        [{"key": "a", "messages": msgs, "finish": ["length"]}],
+        tiny.tokenizer,
+        256,
+        tiny.eos_token_ids,
+    )[0]
+    assert whole.input_ids == cut.input_ids
+    diff = [
+        i for i, (a, b) in enumerate(zip(whole.loss_mask, cut.loss_mask, strict=True)) if a != b
+    ]
+    assert len(diff) == 1 and whole.input_ids[diff[0]] == tiny.tokenizer.eos_token_id
+
+
+def test_a_small_set_still_holds_out_one_conversation(tiny, tiny_distilled):
+    dm = DistilledDataModule(str(tiny_distilled), max_length=64, val_fraction=1e-6).attach(tiny)
+    dm.setup()
+    assert len(dm.val_set) == 1 and len(dm.train_set) == 23

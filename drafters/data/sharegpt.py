@@ -99,9 +99,13 @@ def split_of(conversation_id: str, val_fraction: float) -> str:
     ShareGPT splits long chats into `abc_0`, `abc_1`, ...: the suffix is ignored so every part of
     one original chat lands in the same split (no leakage between train and validation).
     """
+    return "validation" if split_bucket(conversation_id) < val_fraction else "train"
+
+
+def split_bucket(conversation_id: str) -> float:
+    """A deterministic number in [0, 1] per original chat (the `_N` part suffix ignored)."""
     base = conversation_id.rsplit("_", 1)[0] if "_" in conversation_id else conversation_id
-    bucket = int(hashlib.sha256(base.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return "validation" if bucket < val_fraction else "train"
+    return int(hashlib.sha256(base.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
 
 
 def iter_json_array(path: Path, chunk_chars: int = 1 << 20) -> Iterator[tuple[object, str | None]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning as L
 from torch.utils.data import DataLoader
 
-from drafters.data.sharegpt import split_of
+from drafters.data.sharegpt import split_bucket, split_of
 from drafters.distill import load_distilled
 from drafters.target import Target
 from drafters.training.examples import ConversationExamples, LengthBucketBatchSampler, collate
@@ -82,9 +82,12 @@ class DistilledDataModule(L.LightningDataModule):
             )
         ds, _ = load_distilled(self.dataset_dir, self.target.identity)
         rows = ds.to_list()
-        # validation = held-out conversations (by id) of the distilled training split
+        # validation = held-out conversations (by id) of the distilled training split; a small
+        # set whose ids all hash to train still gets its lowest-hash conversation held out
         val = [r for r in rows if split_of(r["id"], self.val_fraction) == "validation"]
-        train = [r for r in rows if split_of(r["id"], self.val_fraction) == "train"]
+        if not val and len(rows) > 1 and self.val_fraction > 0:
+            val = [min(rows, key=lambda r: split_bucket(r["id"]))]
+        train = [r for r in rows if r not in val]
         if not train or not val:
             raise ValueError(
                 f"{self.dataset_dir}: {len(rows)} conversations give {len(train)} train / "

@@ -32,7 +32,12 @@ class ConversationExamples(Dataset):
         self.dropped = 0
         for row in rows:
             r = render_conversation(tokenizer, row["messages"], eos_token_ids)
-            ids, mask = r.input_ids[:max_length], r.loss_mask[:max_length]
+            mask = list(r.loss_mask)
+            if row.get("finish") and row["finish"][-1] == "length":
+                # a cut answer: the template closes it with an end-of-turn token the target
+                # never generated there; keep the answer, leave that token out of the loss
+                mask[max(i for i, m in enumerate(mask) if m)] = 0
+            ids, mask = r.input_ids[:max_length], mask[:max_length]
             if sum(mask) == 0:
                 self.dropped += 1
                 continue
