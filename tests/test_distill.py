@@ -205,3 +205,22 @@ def test_end_to_end_with_the_embedded_target(tmp_path):
     assert meta["stats"]["run"]["read"]["skipped"]["truncated_tail"] == 0  # stopped before the cut
     first = rows[0]["messages"]
     assert first[0]["role"] == "user" and first[1]["role"] == "assistant" and first[1]["content"]
+
+
+@pytest.mark.parametrize(
+    "env, shard",
+    [
+        ({}, (0, 1)),
+        ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "8", "SLURM_NTASKS": "1"}, (3, 8)),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, (1, 2)),  # one shard per srun rank
+    ],
+)
+def test_shard_comes_from_the_slurm_array_task_or_rank(env, shard, monkeypatch):
+    from train_helpers import compose_config
+
+    for k in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    cfg = compose_config("distill", [])
+    assert (cfg.shard.index, cfg.shard.count) == shard
