@@ -37,9 +37,7 @@ def main() -> None:
 
     rows = []
     for bs in args.batch_sizes:
-        cfg = DistillConfig(
-            max_new_tokens=args.max_new_tokens, max_turns=1, batch_size=bs
-        )
+        cfg = DistillConfig(max_new_tokens=args.max_new_tokens, max_turns=1, batch_size=bs)
         tokens, t0 = 0, time.perf_counter()
         for i in range(0, len(convs), bs):
             for r in generate_turns(target, convs[i : i + bs], cfg, 0):
