@@ -40,6 +40,7 @@ demo: setup
 		--out outputs/demo/bench
 
 test: setup
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 lint: setup
