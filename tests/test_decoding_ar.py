@@ -1,5 +1,7 @@
 """The plain AR loop equals HF greedy generate token for token, and its stats say tau = 1."""
 
+import functools
+
 import pytest
 import torch
 from transformers import LlamaForCausalLM
@@ -35,6 +37,21 @@ def tied_target(seed: int) -> Target:
 def greedy(target: Target, ids: torch.Tensor, n: int) -> torch.Tensor:
     mask = torch.ones_like(ids)
     return target.model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n)
+
+
+# Shared by the decoding tests: targets by name ("seed0", "seed3", "tied") and their cached
+# HF greedy references.
+@functools.cache
+def make_target(kind: str) -> Target:
+    return tied_target(seed=1) if kind == "tied" else tiny_target(seed=int(kind[-1]))
+
+
+@functools.cache
+def reference(kind: str, prompt: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids (1, P), HF greedy sequences (1, P + n))."""
+    target = make_target(kind)
+    ids = target.tokenizer(prompt, return_tensors="pt").input_ids
+    return ids, greedy(target, ids, n)
 
 
 @pytest.mark.parametrize(

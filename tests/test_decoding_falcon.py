@@ -2,30 +2,15 @@
 of the drafter, stopping, and "speculative output == HF greedy output" for every tree, k and
 fusion, random drafter weights included."""
 
-import functools
-
 import pytest
 import torch
-from test_decoding_ar import greedy, tied_target
+from test_decoding_ar import greedy, make_target, reference
 
 from drafters.decoding import DrafterContext, build_falcon_tree, decode_falcon
 from drafters.models import FalconConfig, FalconDrafter
-from drafters.target import Target, tiny_target
+from drafters.target import tiny_target
 
 PROMPTS = ["The quick brown fox", "Hello, how are you?"]
-
-
-@functools.cache
-def make_target(kind: str) -> Target:
-    return tied_target(seed=1) if kind == "tied" else tiny_target(seed=int(kind[-1]))
-
-
-@functools.cache
-def reference(kind: str, prompt: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids (1, P), HF greedy sequences (1, P + n))."""
-    target = make_target(kind)
-    ids = target.tokenizer(prompt, return_tensors="pt").input_ids
-    return ids, greedy(target, ids, n)
 
 
 class ScriptedFalcon(FalconDrafter):

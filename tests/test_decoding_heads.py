@@ -1,12 +1,11 @@
 """Static-tree head decoding: stub drafters with hand-written predictions, stopping, the gate,
 and "speculative output == HF greedy output" for every kind of tree."""
 
-import functools
 import math
 
 import pytest
 import torch
-from test_decoding_ar import greedy, tied_target
+from test_decoding_ar import greedy, make_target, reference
 from torch import nn
 
 from drafters.decoding import build_tree, decode_heads, get_tree, measure_cost_ratio
@@ -66,19 +65,6 @@ class RandomHeads(nn.Module):
 class NoDrafter(nn.Module):
     def forward(self, features, lm_head):
         raise AssertionError("an AR step must not run the drafter")
-
-
-@functools.cache
-def make_target(kind: str) -> Target:
-    return tied_target(seed=1) if kind == "tied" else tiny_target(seed=int(kind[-1]))
-
-
-@functools.cache
-def reference(kind: str, prompt: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids (1, P), HF greedy sequences (1, P + n))."""
-    target = make_target(kind)
-    ids = target.tokenizer(prompt, return_tensors="pt").input_ids
-    return ids, greedy(target, ids, n)
 
 
 def oracle(kind, prompt, ranks, n=64):

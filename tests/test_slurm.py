@@ -37,14 +37,8 @@ def test_scripts_parse(script):
     subprocess.run(["bash", "-n", str(script)], check=True)
 
 
-def test_train_sbatch_builds_the_slurm_world(tmp_path, tiny_distilled):
-    over = tiny_overrides(
-        tmp_path,
-        tiny_distilled,
-        "strategy=ddp",
-        "trainer.max_steps=2",
-        "callbacks.checkpoint.every_n_train_steps=2",
-    )
+def sbatch_train(tmp_path, over):
+    """slurm/train.sbatch as sbatch would start it: 1 node, 2 tasks, the fake srun."""
     res = subprocess.run(
         ["bash", str(ROOT / "slurm" / "train.sbatch"), *over],
         env=slurm_env(tmp_path, 2),
@@ -54,6 +48,18 @@ def test_train_sbatch_builds_the_slurm_world(tmp_path, tiny_distilled):
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
+    return out
+
+
+def test_train_sbatch_builds_the_slurm_world(tmp_path, tiny_distilled):
+    over = tiny_overrides(
+        tmp_path,
+        tiny_distilled,
+        "strategy=ddp",
+        "trainer.max_steps=2",
+        "callbacks.checkpoint.every_n_train_steps=2",
+    )
+    out = sbatch_train(tmp_path, over)
     run_dir = tmp_path / "logs" / "train" / "falcon_tiny"
     for rank in (0, 1):
         assert (
@@ -66,15 +72,7 @@ def test_train_sbatch_builds_the_slurm_world(tmp_path, tiny_distilled):
         "trainer.max_steps=4",
         "trainer.max_epochs=3",
     ]
-    res = subprocess.run(
-        ["bash", str(ROOT / "slurm" / "train.sbatch"), *over2],
-        env=slurm_env(tmp_path, 2),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-4000:]
+    out = sbatch_train(tmp_path, over2)
     assert f"resume {run_dir / 'checkpoints' / 'last.ckpt'}" in out
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
 
