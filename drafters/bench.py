@@ -22,12 +22,19 @@ seconds, turns pooled within a question), speedup (that mean / hf_greedy's on th
 questions), lossless (questions whose every turn equals hf_greedy's output token for token).
 Written to --out: results.json (settings, summary, per-question records), results.md (the table,
 also printed), speedup_by_category.png, accept_lengths.png.
+
+Long runs: every finished question is appended to --out/records/ at once, so a killed run resumes
+where it stopped (same command; other settings are refused). `--shard I/N` runs every N-th
+question from the I-th, so N processes (e.g. one thread each) share the work; each question still
+runs all methods back to back, so its speedups compare like with like. The process that records
+the last question writes the reports; `--merge --out DIR` writes them again from the records.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import sys
@@ -229,35 +236,25 @@ def mark_lossless(records: list[dict]) -> None:
 
 
 def run(args) -> dict:
-    from drafters.bench_report import write_reports
+    """Run this shard's questions not yet recorded under --out, then write the reports once every
+    question of the run has its record (the last shard to finish writes them)."""
     from drafters.drafter_io import read_config
     from drafters.target import load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    index, count = parse_shard(args.shard)
     eval_file = Path(args.eval_dir) / f"{args.bench}_question.jsonl"
     questions = load_questions(eval_file, args.bench, args.per_category, args.seed)
     identity = read_config(args.drafter[0])["target"] if args.drafter else None
     target = load_target(args.target, identity, args.dtype, args.device)
     methods = build_methods(args, target)
 
-    for q in questions[: args.warmup]:  # warm-up: allocators, kernels, caches; not recorded
-        for m in methods:
-            run_question(target, m, q, 1, min(args.max_new_tokens, 32))
-
-    records: list[dict] = []
-    bar = tqdm(questions, desc="bench", unit="prompt", dynamic_ncols=True, file=sys.stderr)
-    for q in bar:
-        batch = [run_question(target, m, q, args.turns, args.max_new_tokens) for m in methods]
-        mark_lossless(batch)
-        records += batch
-        bar.set_postfix({r["method"][:12]: f"{r['tokens_per_s']:.0f}" for r in batch[:4]})
-    bar.close()
-
     settings = {
         "bench": args.bench,
         "eval_file": str(eval_file),
         "questions": len(questions),
+        "question_ids": [q["question_id"] for q in questions],
         "per_category": args.per_category,
         "seed": args.seed,
         "turns": args.turns,
@@ -275,7 +272,129 @@ def run(args) -> dict:
         "tau": "new tokens per target verification forward, bonus token included",
     }
     info = {m.name: {"kind": m.kind, **m.info} for m in methods}
-    return write_reports(Path(args.out), settings, info, records, BASELINE)
+    store = RecordStore(Path(args.out), settings, info)
+    done = store.done()
+    todo = [q for i, q in enumerate(questions) if i % count == index]
+    todo = [q for q in todo if q["question_id"] not in done]
+    print(
+        f"[bench] shard {index}/{count}: {len(todo)} questions to run, "
+        f"{len(done)} of {len(questions)} already recorded in {store.folder}",
+        file=sys.stderr,
+    )
+
+    for q in todo[: args.warmup]:  # warm-up: allocators, kernels, caches; not recorded
+        for m in methods:
+            run_question(target, m, q, 1, min(args.max_new_tokens, 32))
+
+    bar = tqdm(todo, desc=f"bench {index}/{count}", unit="prompt", dynamic_ncols=True,
+               file=sys.stderr)  # fmt: skip
+    for q in bar:
+        batch = [run_question(target, m, q, args.turns, args.max_new_tokens) for m in methods]
+        mark_lossless(batch)
+        store.append(q["question_id"], batch)
+        bar.set_postfix({r["method"][:12]: f"{r['tokens_per_s']:.0f}" for r in batch[:4]})
+    bar.close()
+    return merge(Path(args.out))
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise SystemExit(f"--shard {text!r}: expected INDEX/COUNT, e.g. 0/2") from None
+    if not 0 <= index < count:
+        raise SystemExit(f"--shard {text!r}: INDEX must be in 0..COUNT-1")
+    return index, count
+
+
+class RecordStore:
+    """--out/run.json (the run's settings and methods) and --out/records/*.jsonl (one line per
+    question: every method's record). A restart, or another shard, with other settings is
+    refused; a line cut by a kill is dropped (that question runs again), and counted."""
+
+    VOLATILE = ("warmup_questions", "machine", "torch", "transformers")  # may differ per shard
+
+    def __init__(self, folder: Path, settings: dict, methods: dict) -> None:
+        self.folder = folder
+        (folder / "records").mkdir(parents=True, exist_ok=True)
+        run_file = folder / "run.json"
+        mine = {"settings": settings, "methods": methods}
+        if run_file.is_file():
+            theirs = json.loads(run_file.read_text())
+            differ = _differences(mine, theirs, self.VOLATILE)
+            if differ:
+                raise SystemExit(
+                    f"{run_file}: this run's settings differ from the recorded run's in "
+                    f"{', '.join(differ)}; use another --out, or delete {folder} to start over"
+                )
+        else:
+            tmp = run_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(mine, indent=1))
+            tmp.replace(run_file)
+        self.path = folder / "records" / f"{platform.node()}-{os.getpid()}.jsonl"
+        if self.path.is_file() and not self.path.read_bytes().endswith(b"\n"):
+            with open(self.path, "a") as f:  # a line cut by a kill: end it, keep it apart
+                f.write("\n")
+
+    def done(self) -> set:
+        return set(read_records(self.folder)[0])
+
+    def append(self, question_id, batch: list[dict]) -> None:
+        line = json.dumps({"question_id": question_id, "records": batch})
+        with open(self.path, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _differences(a: dict, b: dict, volatile: tuple[str, ...], prefix: str = "") -> list[str]:
+    keys = [k for k in dict.fromkeys([*a, *b]) if k not in volatile]
+    out = []
+    for k in keys:
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _differences(x, y, volatile, f"{prefix}{k}.")
+        elif x != y:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def read_records(folder: Path) -> tuple[dict, int]:
+    """{question_id: [records]} from every records file (first one wins), and the number of
+    unreadable lines (cut by a kill)."""
+    by_question: dict = {}
+    bad = 0
+    for path in sorted((folder / "records").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            by_question.setdefault(row["question_id"], row["records"])
+    return by_question, bad
+
+
+def merge(folder: Path) -> dict:
+    """Reports from the records under folder, once every question has been run."""
+    from drafters.bench_report import write_reports
+
+    run_file = folder / "run.json"
+    if not run_file.is_file():
+        raise SystemExit(f"{run_file} does not exist: run the benchmark with --out {folder} first")
+    run_info = json.loads(run_file.read_text())
+    settings, info = run_info["settings"], run_info["methods"]
+    by_question, bad = read_records(folder)
+    if bad:
+        print(f"[bench] {bad} cut record lines skipped (their questions ran again)", file=sys.stderr)
+    ids = settings["question_ids"]
+    missing = [q for q in ids if q not in by_question]
+    if missing:
+        msg = f"{len(ids) - len(missing)} of {len(ids)} questions recorded in {folder}"
+        print(f"[bench] {msg}; reports when all are (rerun the shards)", file=sys.stderr)
+        return {"complete": False, "markdown": msg, "files": []}
+    records = [r for q in ids for r in by_question[q]]
+    return {"complete": True, **write_reports(folder, settings, info, records, BASELINE)}
 
 
 def parse_args(argv: list[str] | None = None):
@@ -314,15 +433,18 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="target dtype (default float32 on the CPU)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    p.add_argument("--out", default="bench_results", help="output folder")
+    p.add_argument("--out", default="bench_results", help="output folder (resumed if it exists)")
+    p.add_argument("--shard", default="0/1", help="INDEX/COUNT: run questions INDEX, INDEX+COUNT..")
+    p.add_argument("--merge", action="store_true", help="only write the reports of --out")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    result = run(args)
+    result = merge(Path(args.out)) if args.merge else run(args)
     print(result["markdown"])
-    print(f"\nwritten to {args.out}: " + ", ".join(result["files"]))
+    if result["files"]:
+        print(f"\nwritten to {args.out}: " + ", ".join(result["files"]))
     return 0
 
 

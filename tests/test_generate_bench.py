@@ -153,3 +153,37 @@ def test_end_to_end_on_the_embedded_target(tmp_path, smollm2):
         assert res.tree_steps == res.verify_forwards > 0 and res.tau >= 1.0
         gated = speculative_decode(smollm2, drafter, ids, 48, gate="entropy", cost_ratio=2.0)
         assert torch.equal(gated.sequences, ref), text
+
+
+def test_bench_resumes_and_shards(tmp_path, capsys):
+    """Two shards share the questions; a rerun redoes nothing; a cut record line is run again;
+    other settings on the same --out are refused; --merge rebuilds the reports."""
+    out = tmp_path / "bench"
+    argv = ["--eval-dir", str(write_eval(tmp_path / "eval")), "--target", "tiny",
+            "--max-new-tokens", "8", "--threads", "1", "--warmup", "0",
+            "--methods", "hf_greedy", "ar", "--out", str(out)]  # fmt: skip
+    assert bench_main([*argv, "--shard", "0/2"]) == 0
+    assert "2 of 4 questions recorded" in capsys.readouterr().out
+    assert not (out / "results.json").exists()
+    assert bench_main([*argv, "--shard", "1/2"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert [r["question_id"] for r in res["records"]] == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert all(r["lossless"] for r in res["records"])
+
+    capsys.readouterr()
+    assert bench_main(argv) == 0  # everything recorded: nothing runs, the reports are rewritten
+    assert "0 questions to run, 4 of 4" in capsys.readouterr().err
+
+    shard_file = sorted((out / "records").glob("*.jsonl"))[-1]
+    lines = shard_file.read_text().splitlines()
+    shard_file.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:40])  # a kill mid-write
+    assert bench_main(argv) == 0
+    err = capsys.readouterr().err
+    assert "1 questions to run" in err
+    res = json.loads((out / "results.json").read_text())
+    assert sorted(r["question_id"] for r in res["records"]) == [1, 1, 2, 2, 3, 3, 4, 4]
+
+    with pytest.raises(SystemExit, match="recorded run's in settings.max_new_tokens"):
+        bench_main([*argv[:5], "9", *argv[6:]])
+    assert bench_main(["--merge", "--out", str(out)]) == 0
+    assert "| ar | all | 4 |" in capsys.readouterr().out
