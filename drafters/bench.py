@@ -386,7 +386,7 @@ def merge(folder: Path) -> dict:
     settings, info = run_info["settings"], run_info["methods"]
     by_question, bad = read_records(folder)
     if bad:
-        print(f"[bench] {bad} cut record lines skipped (their questions ran again)", file=sys.stderr)
+        print(f"[bench] {bad} cut record lines skipped (run again)", file=sys.stderr)
     ids = settings["question_ids"]
     missing = [q for q in ids if q not in by_question]
     if missing:
