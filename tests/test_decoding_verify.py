@@ -112,3 +112,13 @@ def test_every_root_to_leaf_path_matches_causal_forward(setup):
         torch.testing.assert_close(logits[path], ref[0, P:], atol=1e-4, rtol=0)
     keep_kv(cache, P, torch.zeros(0, dtype=torch.long))
     assert cache.get_seq_length() == P
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9])
+def test_project_equals_the_head(rows):
+    from drafters.decoding.logits import project
+
+    head = torch.nn.Linear(16, 300, bias=rows % 2 == 0)
+    x = torch.randn(1, rows, 16)
+    torch.testing.assert_close(project(head, x), head(x), rtol=1e-5, atol=1e-5)
+    assert project(head, x).shape == (1, rows, 300)

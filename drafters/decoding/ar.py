@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from drafters.decoding.cache import new_cache, target_forward
+from drafters.decoding.logits import project
 from drafters.decoding.result import DecodeResult, Generation
 from drafters.target import Target
 
@@ -21,10 +22,10 @@ def decode_ar(target: Target, input_ids: torch.Tensor, max_new_tokens: int) -> D
         return gen.result()
     cache = new_cache(target)
     f = target_forward(target, cache, input_ids)[:, -1:]  # (1, 1, d): the last prompt position
-    token = target.lm_head(f).argmax(-1)  # (1, 1)
+    token = project(target.lm_head, f).argmax(-1)  # (1, 1)
     gen.emit([token.item()])  # the prefill's token
     while not gen.done:
         f = target_forward(target, cache, token)  # (1, 1, d)
-        token = target.lm_head(f).argmax(-1)  # (1, 1)
+        token = project(target.lm_head, f).argmax(-1)  # (1, 1)
         gen.step([token.item()], drafted=0, tree=False)
     return gen.result()

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from drafters.decoding.cache import keep_kv, new_cache, target_forward
+from drafters.decoding.logits import project
 from drafters.decoding.result import sync_clock
 from drafters.decoding.tree import Tree, TreeLayout
 from drafters.decoding.verify import verify_tree
@@ -49,7 +50,7 @@ def measure_cost_ratio(
         verify_tree(target, cache, nodes, layout)
 
     def ar_step():
-        target.lm_head(target_forward(target, cache, token)).argmax(-1).item()
+        project(target.lm_head, target_forward(target, cache, token)).argmax(-1).item()
 
     def timed(step) -> float:
         times = []

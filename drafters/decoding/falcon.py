@@ -51,6 +51,7 @@ from torch import nn
 
 from drafters.decoding.cache import new_cache, target_forward
 from drafters.decoding.falcon_tree import FalconPlan, get_falcon_tree
+from drafters.decoding.logits import project
 from drafters.decoding.result import DecodeResult, Generation
 from drafters.decoding.tree import Tree, TreeLayout
 from drafters.decoding.verify import verify_tree
@@ -143,7 +144,7 @@ def draft_tree(
                 cache=ctx.cache,
                 attn_bias=bias.view(1, 1, e * k, past + e * k),
             ).view(e, k, -1)
-        logits = lm_head(out.to(lm_head.weight.dtype))  # (E, k, V)
+        logits = project(lm_head, out)  # (E, k, V)
         top = logits.topk(block.width, dim=-1).indices  # (E, k, width)
         tokens[block.nodes] = top[block.slot, block.offset, block.rank]
     return tokens
@@ -174,7 +175,7 @@ def decode_falcon(
         return gen.result()
     cache = new_cache(target)
     f = target_forward(target, cache, input_ids)  # (1, T, d) every prompt position
-    root = int(target.lm_head(f[:, -1:]).argmax(-1))
+    root = int(project(target.lm_head, f[:, -1:]).argmax(-1))
     gen.emit([root])
     ctx = DrafterContext(drafter, target.embed_tokens)
     next_tokens = torch.cat([input_ids[:, 1:], input_ids.new_tensor([[root]])], dim=1)

@@ -20,6 +20,7 @@ from torch import nn
 
 from drafters.decoding.cache import new_cache, target_forward
 from drafters.decoding.cost import measure_cost_ratio
+from drafters.decoding.logits import project
 from drafters.decoding.result import DecodeResult, Generation
 from drafters.decoding.tree import Tree, get_tree
 from drafters.decoding.verify import verify_tree
@@ -87,7 +88,7 @@ def decode_heads(
         return gen.result()
     cache = new_cache(target)
     f = target_forward(target, cache, input_ids)[:, -1:]  # (1, 1, d) last prompt position
-    logits = target.lm_head(f)  # (1, 1, V)
+    logits = project(target.lm_head, f)  # (1, 1, V)
     root = logits.argmax(-1)  # (1, 1) emitted, not yet in the cache
     gen.emit([root.item()])
     while not gen.done:
@@ -100,7 +101,7 @@ def decode_heads(
             root = torch.tensor([[v.bonus]], device=target.device)
         else:
             f = target_forward(target, cache, root)  # (1, 1, d)
-            logits = target.lm_head(f)  # (1, 1, V)
+            logits = project(target.lm_head, f)  # (1, 1, V)
             root = logits.argmax(-1)  # (1, 1)
             gen.step([root.item()], drafted=0, tree=False)
     return gen.result()

@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from drafters.decoding.cache import keep_kv, target_forward
+from drafters.decoding.logits import project
 from drafters.decoding.tree import TreeLayout
 from drafters.target import Target
 
@@ -52,7 +53,7 @@ def verify_tree(
     mask = tree_attention_mask(layout, past_len, target.dtype, device)
     positions = (past_len + layout.depth)[None]  # (1, n)
     f = target_forward(target, cache, tokens.view(1, -1).to(device), positions, mask)  # (1, n, d)
-    logits = target.lm_head(f)  # (1, n, V)
+    logits = project(target.lm_head, f)  # (1, n, V)
 
     greedy = logits[0].argmax(-1)  # (n,) the target's next token after each node
     match = tokens.to(device) == greedy[layout.parents.clamp(min=0)]  # node == argmax at parent
