@@ -50,7 +50,9 @@ def main() -> None:
     for n in args.rows:
         x = torch.randn(n, args.hidden, dtype=dtype)
         torch.testing.assert_close(project(head, x), head(x), rtol=1e-4, atol=1e-4)
-        a, b = median_ms(lambda: head(x), lambda: torch.mm(head.weight, x.t()).t(), args.iters)
+        a, b = median_ms(
+            lambda x=x: head(x), lambda x=x: torch.mm(head.weight, x.t()).t(), args.iters
+        )
         used = "W @ x.T" if n in ROWS else "head(x)"
         print(f"| {n} | {a:.1f} | {b:.1f} | {a / b:.2f} | {used} |")
 
