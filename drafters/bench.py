@@ -13,7 +13,8 @@ order, the second turn's prompt holding the method's own first answer (Spec-Benc
 Methods (each optional): hf_greedy (the baseline: HF `generate(do_sample=False)` with its KV
 cache), ar (the in-house AR loop), hf_prompt_lookup (`prompt_lookup_num_tokens`), hf_early_exit
 (`assistant_early_exit`), and per `--drafter FOLDER` the method `<folder>` (no gate) and
-`<folder>+<gate>` for each gate asked for with `--gates` (head drafters).
+`<folder>+<gate>` for each gate asked for with `--gates` (head drafters), or with
+`--drafter FOLDER@none,entropy` for that drafter alone.
 
 Reported per method and category (and "all"): tau (new tokens per target verification forward,
 bonus included, pooled over all turns; "-" for HF methods, whose forwards are not counted),
@@ -51,6 +52,7 @@ MT_BENCH_CATEGORIES = (
 )  # fmt: skip
 BUILTIN_METHODS = ("hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit")
 BASELINE = "hf_greedy"
+GATE_CHOICES = ("none", "default", "entropy", "learned")
 DEFAULT_EVAL_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "eval"
 
 
@@ -150,6 +152,18 @@ def _decode_stats(res) -> dict:
     return s
 
 
+def split_drafter_spec(spec: str) -> tuple[str, list[str] | None]:
+    """ "FOLDER" or "FOLDER@GATE[,GATE..]" (that drafter's own --gates list)."""
+    folder, sep, gates = spec.rpartition("@")
+    if not sep:
+        return spec, None
+    names = gates.split(",")
+    bad = [g for g in names if g not in GATE_CHOICES]
+    if bad:
+        raise SystemExit(f"--drafter {spec!r}: unknown gate {bad[0]!r}; use {GATE_CHOICES}")
+    return folder, names
+
+
 def build_methods(args, target) -> list[Method]:
     from drafters.drafter_io import load_drafter
 
@@ -165,14 +179,15 @@ def build_methods(args, target) -> list[Method]:
             layer = args.early_exit_layer or max(1, target.config.num_hidden_layers // 5)
             methods.append(hf_method(target, name, assistant_early_exit=layer))
     taken = {m.name for m in methods}
-    for folder in args.drafter:
+    for spec in args.drafter:
+        folder, own_gates = split_drafter_spec(spec)
         drafter = load_drafter(folder, target)  # refuses a drafter of another target
         base = drafter.name
         i = 2
         while base in taken:
             base, i = f"{drafter.name}_{i}", i + 1
         gates: list[str | None] = []
-        for g in args.gates:
+        for g in own_gates or args.gates:
             g = (drafter.config["gate"]["default"] if g == "default" else g) or "none"
             if g != "none" and (drafter.kind == "falcon" or g not in drafter.gates):
                 continue  # no such gate on this drafter
@@ -246,7 +261,9 @@ def run(args) -> dict:
     index, count = parse_shard(args.shard)
     eval_file = Path(args.eval_dir) / f"{args.bench}_question.jsonl"
     questions = load_questions(eval_file, args.bench, args.per_category, args.seed)
-    identity = read_config(args.drafter[0])["target"] if args.drafter else None
+    identity = (
+        read_config(split_drafter_spec(args.drafter[0])[0])["target"] if args.drafter else None
+    )
     target = load_target(args.target, identity, args.dtype, args.device)
     methods = build_methods(args, target)
 
@@ -417,11 +434,16 @@ def parse_args(argv: list[str] | None = None):
         default=["hf_greedy", "ar"],
         help="built-in methods (hf_greedy is the baseline of speedup and lossless)",
     )
-    p.add_argument("--drafter", action="append", default=[], help="exported drafter folder")
+    p.add_argument(
+        "--drafter",
+        action="append",
+        default=[],
+        help="exported drafter folder, optionally @GATE[,GATE..] for its own gate variants",
+    )
     p.add_argument(
         "--gates",
         nargs="+",
-        choices=["none", "default", "entropy", "learned"],
+        choices=GATE_CHOICES,
         default=["none", "default"],
         help="gate variants per head drafter (default: without gate and with its own gate)",
     )
