@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.drafters-installed
 
-.PHONY: setup demo test lint clean-data
+.PHONY: setup demo test lint clean-data results
 
 setup: $(STAMP)
 
@@ -38,6 +38,11 @@ demo: setup
 	$(PY) -m drafters.bench --bench mt_bench --per-category 1 --turns 1 --max-new-tokens 64 \
 		--methods hf_greedy ar hf_prompt_lookup --drafter outputs/demo/falcon \
 		--out outputs/demo/bench
+
+# The reference results (docs/results.md): distil, train 5 drafters, export, tune, benchmark,
+# report. Hours on a 2-core CPU; re-running resumes (benchmarks/results.sh says how).
+results: setup
+	benchmarks/results.sh
 
 test: setup
 	$(VENV)/bin/ruff check .

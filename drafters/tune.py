@@ -1,0 +1,315 @@
+"""Tune what the decoder exposes, on held-out ShareGPT data (never on the evaluation sets).
+
+    python -m drafters.tune --drafter outputs/results/drafters/falcon_k2 --out outputs/results/tune
+    python -m drafters.tune --peers --out outputs/results/tune        # HF peers' knobs
+
+Per drafter:
+1. Top-k accuracy per depth on the held-out conversations of the distilled corpus (the training
+   runs' validation split, from the offline feature cache): heads, P(head i's rank-r token is
+   right); Falcon, P(the rank-r token at offset p is right) from the teacher-forced pass, used for
+   every pass (depth d reads offset (d - 1) mod k + 1; later passes are weaker in truth, and the
+   speed sweep below is what picks the size).
+2. Candidate trees: the greedy best tree of each size in --sizes from those accuracies
+   (`build_tree`, `build_falcon_tree` with one anchor per pass).
+3. Speed sweep on the first user turns of ShareGPT's validation split (by conversation id, never
+   distilled or trained on): every candidate and the in-house AR loop, prompt after prompt, with
+   --max-new-tokens each; tokens/s pooled over prompts. Every candidate's output must equal the AR
+   loop's (lossless), else the sweep stops.
+The fastest candidate is chosen: <out>/<name>.json holds the accuracies, the sweep and the choice;
+<out>/<name>.tree.json is the `export.py --tree` input that rebuilds the chosen tree.
+The gates need no tuning here: they speculate iff E[a] > c_tree / c_ar - 1 with the cost ratio
+measured on the running machine before each turn, and the entropy gate's E[a] table is fitted on
+the same held-out conversations at the end of training.
+
+--peers sweeps HF prompt lookup (`prompt_lookup_num_tokens`) and HF early exit
+(`assistant_early_exit`) the same way and writes <out>/peers.json with the fastest of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- held-out accuracies ------------------------------------------------------------------------
+
+
+def heldout_batches(target, dataset_dir: str, cache_dir: str, max_length: int, val_fraction: float):
+    """Batches of the distilled corpus's held-out conversations (the training runs' validation
+    split), with their cached target features."""
+    from drafters.training.datamodule import DistilledDataModule
+
+    dm = DistilledDataModule(
+        dataset_dir, max_length=max_length, batch_size=4, val_fraction=val_fraction,
+        features="offline", cache_dir=cache_dir,
+    ).attach(target)  # fmt: skip
+    dm.setup()
+    return list(dm.val_dataloader())
+
+
+def _rank_of(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Rank of each label in its logits row (0 = argmax); logits (..., V), labels (...)."""
+    picked = logits.gather(-1, labels.unsqueeze(-1))
+    return (logits > picked).sum(-1)
+
+
+@torch.no_grad()
+def topk_accuracy(drafter, target, batches: list[dict], topk: int) -> tuple[list[list[float]], int]:
+    """(rows, positions): rows[d][r] = P(rank-r guess right) per head (heads) or per block offset
+    (Falcon, teacher-forced), over held-out positions whose label is a generated token."""
+    from drafters.losses.falcon import block_offset, falcon_valid
+    from drafters.losses.heads import head_labels
+    from drafters.losses.labels import default_position_ids, shift_left
+
+    model = drafter.model.eval()
+    dtype = next(model.parameters()).dtype
+    counts, totals = None, None
+    for b in batches:
+        f = b["features"].to(dtype)
+        ids, lmask, attn = b["input_ids"], b["loss_mask"], b["attention_mask"]
+        if drafter.kind == "falcon":
+            k = model.cfg.k
+            pos = default_position_ids(attn, ids)
+            pred = model(f, shift_left(ids, 1), target.embed_tokens, attn, pos)
+            bi, j = falcon_valid(lmask, k).nonzero(as_tuple=True)
+            rank = _rank_of(target.lm_head(pred[bi, j]).float(), ids[bi, j + k + 1])
+            row = block_offset(pos, k)[bi, j] - 1
+            rows = k
+        else:
+            logits = model(f, target.lm_head)  # (B, T, K, V)
+            labels, valid = head_labels(ids, lmask, logits.shape[2])
+            bi, t, i = valid.nonzero(as_tuple=True)
+            rank = _rank_of(logits[bi, t, i].float(), labels[bi, t, i])
+            row, rows = i, logits.shape[2]
+        if counts is None:
+            counts = torch.zeros(rows, topk, dtype=torch.long)
+            totals = torch.zeros(rows, dtype=torch.long)
+        keep = rank < topk
+        counts.index_put_((row[keep], rank[keep]), torch.ones_like(rank[keep]), accumulate=True)
+        totals += torch.bincount(row, minlength=rows)
+    acc = counts.double() / totals.clamp(min=1).unsqueeze(-1).double()
+    return acc.tolist(), int(totals.min())
+
+
+def tree_input(drafter, acc: list[list[float]], num_nodes: int) -> dict:
+    """The `export.py --tree` JSON that builds this drafter's tree of num_nodes from acc."""
+    if drafter.kind == "falcon":
+        k = drafter.model.cfg.k
+        depth = 3 * k  # three passes at most; the per-offset rows repeat for every pass
+        return {"topk_acc": [acc[d % k] for d in range(depth)], "num_nodes": num_nodes,
+                "max_anchors": 1}  # fmt: skip
+    return {"topk_acc": acc, "num_nodes": num_nodes}
+
+
+def build(drafter, spec: dict):
+    from drafters.decoding.falcon_tree import build_falcon_tree
+    from drafters.decoding.tree import build_tree
+
+    if drafter.kind == "falcon":
+        k = drafter.model.cfg.k
+        return build_falcon_tree(spec["topk_acc"], spec["num_nodes"], k, spec["max_anchors"])
+    return build_tree(spec["topk_acc"], spec["num_nodes"])
+
+
+# ---- speed sweep ----------------------------------------------------------------------------
+
+
+def validation_prompts(tokenizer, n: int, max_prompt_tokens: int, val_fraction: float) -> list:
+    """First user turns of ShareGPT's validation split, rendered as one-turn chat prompts."""
+    from drafters.data.chat import render_prompt
+    from drafters.data.sharegpt import read_conversations
+
+    prompts = []
+    for conv in read_conversations("sharegpt-package", split="validation",
+                                   val_fraction=val_fraction):  # fmt: skip
+        first = next(m for m in conv.messages if m["role"] == "user")
+        ids = render_prompt(tokenizer, [first])
+        if len(ids) <= max_prompt_tokens:
+            prompts.append({"id": conv.id, "ids": ids})
+        if len(prompts) == n:
+            break
+    return prompts
+
+
+def sweep(target, prompts: list[dict], runners: dict, max_new_tokens: int) -> dict:
+    """{name: {tokens_per_s, tau, new_tokens, seconds}} for runners {name: fn(ids, n) ->
+    (tokens, verify_forwards or None)}, prompt-major; outputs checked against "ar"."""
+    from drafters.decoding.result import sync_clock
+
+    stats = {name: {"new_tokens": 0, "seconds": 0.0, "forwards": 0} for name in runners}
+    for p in prompts:
+        ids = torch.tensor([p["ids"]], device=target.device)
+        ref = None
+        for name, fn in runners.items():
+            t0 = sync_clock(target.device)
+            out, forwards = fn(ids, max_new_tokens)
+            seconds = sync_clock(target.device) - t0
+            if ref is None:
+                ref = out
+            elif out != ref:
+                raise AssertionError(f"{name}: output differs from {next(iter(runners))} on "
+                                     f"ShareGPT {p['id']}: a decoder bug")  # fmt: skip
+            s = stats[name]
+            s["new_tokens"] += len(out)
+            s["seconds"] += seconds
+            s["forwards"] = None if forwards is None else (s["forwards"] or 0) + forwards
+            s.setdefault("emitted", 0)
+            s["emitted"] += max(len(out) - 1, 0)
+        print(f"[tune] prompt {p['id']}: " + ", ".join(
+            f"{n} {s['new_tokens'] / max(s['seconds'], 1e-9):.1f}" for n, s in stats.items()
+        ), file=sys.stderr, flush=True)  # fmt: skip
+    for s in stats.values():
+        s["tokens_per_s"] = s["new_tokens"] / s["seconds"] if s["seconds"] else None
+        s["tau"] = s["emitted"] / s["forwards"] if s["forwards"] else None
+        s.pop("emitted")
+    base = stats["ar"]["tokens_per_s"]
+    for s in stats.values():
+        s["vs_ar"] = s["tokens_per_s"] / base if base and s["tokens_per_s"] else None
+    return stats
+
+
+def ar_runner(target):
+    from drafters.decoding import decode_ar
+
+    def run(ids, n):
+        res = decode_ar(target, ids, n)
+        return res.output_ids.tolist(), res.verify_forwards
+
+    return run
+
+
+def tree_runner(target, drafter, tree):
+    from drafters.speculate import speculative_decode
+
+    paths = tree.to_list()
+
+    def run(ids, n):
+        res = speculative_decode(target, drafter, ids, n, gate="none", tree=paths)
+        return res.output_ids.tolist(), res.verify_forwards
+
+    return run
+
+
+def hf_runner(target, **kwargs):
+    def run(ids, n):
+        out = target.model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+            pad_token_id=target.tokenizer.pad_token_id, **kwargs,
+        )  # fmt: skip
+        return out[0, ids.shape[1] :].tolist(), None
+
+    return run
+
+
+# ---- entry point ----------------------------------------------------------------------------
+
+
+def tune_drafter(args, target, folder: str, prompts: list[dict], batches: list[dict]) -> dict:
+    from drafters.drafter_io import load_drafter
+
+    drafter = load_drafter(folder, target)
+    acc, positions = topk_accuracy(drafter, target, batches, args.topk)
+    print(f"[tune] {drafter.name}: top-1 accuracy per depth "
+          f"{[round(r[0], 3) for r in acc]} over >= {positions} held-out positions",
+          file=sys.stderr)  # fmt: skip
+    specs = {f"tree{n}": tree_input(drafter, acc, n) for n in args.sizes}
+    trees = {name: build(drafter, spec) for name, spec in specs.items()}
+    runners = {"ar": ar_runner(target)}
+    runners.update({name: tree_runner(target, drafter, t) for name, t in trees.items()})
+    stats = sweep(target, prompts, runners, args.max_new_tokens)
+    best = max(trees, key=lambda n: stats[n]["tokens_per_s"])
+    for name, t in trees.items():
+        stats[name].update(nodes=len(t), depth=t.depth)
+    result = {"drafter": str(folder), "name": drafter.name, "kind": drafter.kind,
+              "topk_acc": acc, "heldout_positions": positions, "sweep": stats,
+              "chosen": best, "chosen_tree": trees[best].to_list()}  # fmt: skip
+    out = Path(args.out)
+    (out / f"{drafter.name}.tree.json").write_text(json.dumps(specs[best]))
+    (out / f"{drafter.name}.json").write_text(json.dumps(result, indent=1))
+    print(f"[tune] {drafter.name}: chose {best} ({len(trees[best])} nodes, "
+          f"{stats[best]['vs_ar']:.2f}x of the AR loop, tau {stats[best]['tau']:.2f})",
+          file=sys.stderr)  # fmt: skip
+    return result
+
+
+def tune_peers(args, target, prompts: list[dict]) -> dict:
+    layers = target.config.num_hidden_layers
+    runners = {"ar": ar_runner(target), "hf_greedy": hf_runner(target)}
+    for n in args.prompt_lookup:
+        runners[f"prompt_lookup_{n}"] = hf_runner(target, prompt_lookup_num_tokens=n)
+    for frac in args.early_exit_fractions:
+        layer = max(1, round(layers * frac))
+        runners[f"early_exit_{layer}"] = hf_runner(target, assistant_early_exit=layer)
+    stats = sweep(target, prompts, runners, args.max_new_tokens)
+
+    def best(prefix):
+        name = max((n for n in stats if n.startswith(prefix)),
+                   key=lambda n: stats[n]["tokens_per_s"])  # fmt: skip
+        return int(name.rsplit("_", 1)[1])
+
+    result = {"sweep": stats, "prompt_lookup": best("prompt_lookup_"),
+              "early_exit_layer": best("early_exit_")}  # fmt: skip
+    (Path(args.out) / "peers.json").write_text(json.dumps(result, indent=1))
+    print(f"[tune] peers: prompt_lookup_num_tokens {result['prompt_lookup']}, "
+          f"assistant_early_exit {result['early_exit_layer']}", file=sys.stderr)  # fmt: skip
+    return result
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m drafters.tune", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--drafter", action="append", default=[], help="exported drafter folder")
+    p.add_argument("--peers", action="store_true", help="sweep the HF peers' knobs")
+    p.add_argument("--out", required=True)
+    p.add_argument("--target", default=None, help="default: the drafters' target")
+    p.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16, 32])
+    p.add_argument("--topk", type=int, default=10)
+    p.add_argument("--prompts", type=int, default=4, help="ShareGPT validation prompts")
+    p.add_argument("--max-prompt-tokens", type=int, default=384)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--prompt-lookup", type=int, nargs="+", default=[3, 5, 10])
+    p.add_argument("--early-exit-fractions", type=float, nargs="+", default=[0.1, 0.2, 0.33])
+    p.add_argument("--dataset-dir", default=str(ROOT / "data/distilled/smollm2_135m/train"))
+    p.add_argument("--cache-dir", default=str(ROOT / "data/features/smollm2_135m"))
+    p.add_argument("--max-length", type=int, default=512, help="as the training runs")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="as the training runs")
+    p.add_argument("--sharegpt-val-fraction", type=float, default=0.02, help="as distillation")
+    p.add_argument("--threads", type=int, default=None)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    from drafters.drafter_io import read_config
+    from drafters.target import load_target
+
+    args = parse_args(argv)
+    if not args.drafter and not args.peers:
+        raise SystemExit("nothing to tune: give --drafter FOLDER and/or --peers")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    identity = read_config(args.drafter[0])["target"] if args.drafter else None
+    target = load_target(args.target, identity)
+    t0 = time.perf_counter()
+    prompts = validation_prompts(target.tokenizer, args.prompts, args.max_prompt_tokens,
+                                 args.sharegpt_val_fraction)  # fmt: skip
+    if args.peers:
+        tune_peers(args, target, prompts)
+    if args.drafter:
+        batches = heldout_batches(target, args.dataset_dir, args.cache_dir, args.max_length,
+                                  args.val_fraction)  # fmt: skip
+        for folder in args.drafter:
+            tune_drafter(args, target, folder, prompts, batches)
+    print(f"[tune] done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
