@@ -269,7 +269,7 @@ def parse_args(argv=None):
     p.add_argument("--peers", action="store_true", help="sweep the HF peers' knobs")
     p.add_argument("--out", required=True)
     p.add_argument("--target", default=None, help="default: the drafters' target")
-    p.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16, 32])
+    p.add_argument("--sizes", type=int, nargs="+", default=[3, 5, 8, 16], help="tree nodes")
     p.add_argument("--topk", type=int, default=10)
     p.add_argument("--prompts", type=int, default=4, help="ShareGPT validation prompts")
     p.add_argument("--max-prompt-tokens", type=int, default=384)
