@@ -160,3 +160,13 @@ def test_online_and_offline_features_give_the_same_loss(tmp_path, tiny, tiny_dis
     torch.manual_seed(0)
     loss_off, _, _ = module.compute_loss(b_off, train=False)
     torch.testing.assert_close(loss_on, loss_off, atol=1e-5, rtol=1e-5)
+
+
+def test_last_checkpoint_holds_the_final_step(tmp_path, tiny_distilled):
+    """max_steps not a multiple of the checkpoint period: last.ckpt still ends at max_steps."""
+    over = tiny_overrides(tmp_path, tiny_distilled, "trainer.max_steps=3",
+                          "callbacks.checkpoint.every_n_train_steps=2")  # fmt: skip
+    cfg = compose_config("train", over)
+    train(cfg)
+    last = torch.load(Path(cfg.run_dir) / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 3

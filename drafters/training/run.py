@@ -13,7 +13,7 @@ from pathlib import Path
 
 import lightning as L
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from drafters.models import CerberusConfig, FalconConfig, MedusaConfig
@@ -46,6 +46,23 @@ def build_module(cfg: DictConfig, target: Target) -> DrafterLitModule:
     ).attach(target)
 
 
+class FinalLastCheckpoint(Callback):
+    """last.ckpt holds the final step when training ends. ModelCheckpoint saves it only with a
+    periodic save, so a run whose max_steps is not a multiple of every_n_train_steps would end
+    with last.ckpt (what export.py and `ckpt_path=last` read) up to n - 1 steps behind."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.saved_step = -1
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
+        self.saved_step = trainer.global_step  # any checkpoint: periodic, last, pre-emption
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_step > 0 and self.saved_step != trainer.global_step:
+            trainer.save_checkpoint(self.path)  # every rank calls it; the strategy writes once
+
+
 def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
     c = cfg.callbacks.checkpoint
     return [
@@ -60,6 +77,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
             save_last=c.save_last,
         ),
         LearningRateMonitor(logging_interval="step"),
+        *([FinalLastCheckpoint(run_dir / "checkpoints" / "last.ckpt")] if c.save_last else []),
     ]
 
 
