@@ -45,16 +45,20 @@ trainer.log_every_n_steps=5 optim.warmup_steps=10 trainer.enable_progress_bar=fa
 
 run_dir() { echo "logs/train/results_$1"; }
 
-# Run "$@" (a list of shell commands, one per job) at most LANES at a time, one thread each.
+# Run "$@" (a list of shell commands, one per job) at most LANES at a time, one thread each;
+# fails if any job failed, after all have ended.
 lanes() {
-  local pids=() cmd
+  local cmd rc=0 s
   for cmd in "$@"; do
-    while [ "$(jobs -rp | wc -l)" -ge "$LANES" ]; do wait -n; done
+    while [ "$(jobs -rp | wc -l)" -ge "$LANES" ]; do wait -n || rc=1; done
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 bash -c "$cmd" &
-    pids+=($!)
   done
-  local rc=0 p
-  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  while :; do  # reap the rest; 127: no child left
+    s=0
+    wait -n || s=$?
+    [ "$s" -eq 127 ] && break
+    [ "$s" -eq 0 ] || rc=1
+  done
   return $rc
 }
 
@@ -66,38 +70,71 @@ stage_corpus() {
 trained() { [ -f "$(run_dir "$1")/checkpoints/last.ckpt" ] &&
   $PY -c "import sys,torch; sys.exit(torch.load(sys.argv[1], map_location='cpu', weights_only=False)['global_step'] < $STEPS)" \
     "$(run_dir "$1")/checkpoints/last.ckpt"; }
+running() { pgrep -f "run_name=results_$1 " > /dev/null; }
+
+train_one() {  # checked when its lane starts it: another results.sh may have trained it meanwhile
+  local name=$1 exp=$2 extra=$3
+  if trained "$name"; then echo "[results] train $name: done"; return; fi
+  if running "$name"; then echo "[results] train $name: running in another process"; return; fi
+  $PY train.py +experiment="$exp" run_name="results_$name" $extra $BUDGET ckpt_path=last \
+    > "$LOG/train_$name.log" 2>&1
+  echo "[results] train $name: done"
+}
+export -f trained running train_one run_dir
+export PY STEPS BUDGET LOG
 
 stage_train() {
   local cmds=() spec name exp extra
   for spec in "${RUNS[@]}"; do
     IFS='|' read -r name exp extra <<<"$spec"
-    if trained "$name"; then echo "[results] train $name: done"; continue; fi
-    cmds+=("$PY train.py +experiment=$exp run_name=results_$name $extra $BUDGET ckpt_path=last \
-      > $LOG/train_$name.log 2>&1 && echo '[results] train $name: done'")
+    cmds+=("train_one $name $exp '$extra'")
   done
-  [ ${#cmds[@]} -eq 0 ] || lanes "${cmds[@]}"
+  lanes "${cmds[@]}"
 }
 
-export_all() {  # export each run's last checkpoint; with a tuned tree when tune has chosen one
-  local spec name exp extra tree
+export_one() {  # export a run's last checkpoint, with its tuned tree once tune has chosen one
+  local tree=$OUT/tune/$1.tree.json
+  [ -f "$tree" ] || tree=
+  $PY export.py "$(run_dir "$1")/checkpoints/last.ckpt" "$OUT/drafters/$1" --force \
+    ${tree:+--tree "$tree"}
+}
+
+export_all() {
+  local spec name exp extra
   for spec in "${RUNS[@]}"; do
     IFS='|' read -r name exp extra <<<"$spec"
-    tree=$OUT/tune/$name.tree.json
-    [ -f "$tree" ] || tree=
-    $PY export.py "$(run_dir "$name")/checkpoints/last.ckpt" "$OUT/drafters/$name" --force \
-      ${tree:+--tree "$tree"}
+    if trained "$name"; then export_one "$name"; else echo "[results] $name: not trained yet"; fi
   done
 }
 
 stage_export() { export_all; }
 
+tune_one() {  # NAME (a run) or "peers"; skipped when its result is newer than the checkpoint
+  local name=$1 res=$OUT/tune/$1.json args
+  if [ "$name" = peers ]; then
+    args="--peers"
+    [ -f "$res" ] && { echo "[results] tune peers: done"; return; }
+  else
+    args="--drafter $OUT/drafters/$name"
+    [ "$res" -nt "$(run_dir "$name")/checkpoints/last.ckpt" ] &&
+      { echo "[results] tune $name: done"; return; }
+  fi
+  $PY -m drafters.tune $args --out "$OUT/tune" --threads 1 > "$LOG/tune_$name.log" 2>&1
+  echo "[results] tune $name: done"
+}
+export -f tune_one
+export OUT
+
 stage_tune() {  # on held-out ShareGPT only; then re-export with the chosen trees
   mkdir -p "$OUT/tune"
-  local d=$OUT/drafters
-  lanes "$PY -m drafters.tune --peers --drafter $d/medusa --drafter $d/cerberus --out $OUT/tune \
-      --threads 1 > $LOG/tune_heads.log 2>&1" \
-    "$PY -m drafters.tune --drafter $d/falcon_k2_tf --drafter $d/falcon_k2 --drafter $d/falcon_k3 \
-      --out $OUT/tune --threads 1 > $LOG/tune_falcon.log 2>&1"
+  local cmds=(tune_one\ peers) spec name exp extra
+  for spec in "${RUNS[@]}"; do
+    IFS='|' read -r name exp extra <<<"$spec"
+    if ! trained "$name"; then echo "[results] tune $name: not trained yet, skipped"; continue; fi
+    [ -f "$OUT/drafters/$name/config.json" ] || export_one "$name"
+    cmds+=("tune_one $name")
+  done
+  lanes "${cmds[@]}"
   export_all
 }
 
@@ -130,9 +167,13 @@ stage_report() {
   $PY -m drafters.results_report --results "$OUT" --out docs/results.md
 }
 
-STAGES=(corpus train export tune bench report)
-[ $# -gt 0 ] && STAGES=("$@")
-for s in "${STAGES[@]}"; do
-  echo "[results] stage $s ($(date -u +%FT%TZ))"
-  "stage_$s"
-done
+main() {
+  local stages=(corpus train export tune bench report) s
+  [ $# -gt 0 ] && stages=("$@")
+  for s in "${stages[@]}"; do
+    echo "[results] stage $s ($(date -u +%FT%TZ))"
+    "stage_$s"
+  done
+}
+
+main "$@"; exit $?  # on one line: bash has read all it runs, so editing this file mid-run is safe
