@@ -142,7 +142,8 @@ bench_args() {  # the methods of every table: HF peers with their tuned knobs, e
   local d=$OUT/drafters
   local peers
   peers=$($PY -c "import json,sys; p=json.load(open(sys.argv[1])); \
-print(f'--prompt-lookup {p[\"prompt_lookup\"]} --early-exit-layer {p[\"early_exit_layer\"]}')" \
+print(f'--prompt-lookup {p[\"prompt_lookup\"]} --early-exit-layer {p[\"early_exit_layer\"]}', \
+      f'--early-exit-tokens {p[\"early_exit_tokens\"]}')" \
     "$OUT/tune/peers.json")
   echo "--methods hf_greedy hf_prompt_lookup hf_early_exit $peers --drafter $d/medusa@none \
 --drafter $d/cerberus@none,entropy,learned --drafter $d/falcon_k2_tf --drafter $d/falcon_k2 \

@@ -177,7 +177,10 @@ def build_methods(args, target) -> list[Method]:
             methods.append(hf_method(target, name, prompt_lookup_num_tokens=args.prompt_lookup))
         elif name == "hf_early_exit":
             layer = args.early_exit_layer or max(1, target.config.num_hidden_layers // 5)
-            methods.append(hf_method(target, name, assistant_early_exit=layer))
+            extra = (
+                {"num_assistant_tokens": args.early_exit_tokens} if args.early_exit_tokens else {}
+            )
+            methods.append(hf_method(target, name, assistant_early_exit=layer, **extra))
     taken = {m.name for m in methods}
     for spec in args.drafter:
         folder, own_gates = split_drafter_spec(spec)
@@ -450,6 +453,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens")
     p.add_argument(
         "--early-exit-layer", type=int, default=None, help="assistant_early_exit (default L/5)"
+    )
+    p.add_argument(
+        "--early-exit-tokens", type=int, default=None, help="num_assistant_tokens (HF: 20)"
     )
     p.add_argument("--target", default=None, help="smollm2_135m | tiny | HF id/folder")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

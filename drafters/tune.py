@@ -22,7 +22,8 @@ measured on the running machine before each turn, and the entropy gate's E[a] ta
 the same held-out conversations at the end of training.
 
 --peers sweeps HF prompt lookup (`prompt_lookup_num_tokens`) and HF early exit
-(`assistant_early_exit`) the same way and writes <out>/peers.json with the fastest of each.
+(`assistant_early_exit` layer x `num_assistant_tokens`, the draft length, HF's default 20) the
+same way and writes <out>/peers.json with the fastest of each.
 """
 
 from __future__ import annotations
@@ -246,19 +247,23 @@ def tune_peers(args, target, prompts: list[dict]) -> dict:
         runners[f"prompt_lookup_{n}"] = hf_runner(target, prompt_lookup_num_tokens=n)
     for frac in args.early_exit_fractions:
         layer = max(1, round(layers * frac))
-        runners[f"early_exit_{layer}"] = hf_runner(target, assistant_early_exit=layer)
+        for n in args.early_exit_tokens:
+            runners[f"early_exit_{layer}_{n}"] = hf_runner(
+                target, assistant_early_exit=layer, num_assistant_tokens=n
+            )
     stats = sweep(target, prompts, runners, args.max_new_tokens)
 
     def best(prefix):
-        name = max((n for n in stats if n.startswith(prefix)),
+        return max((n for n in stats if n.startswith(prefix)),
                    key=lambda n: stats[n]["tokens_per_s"])  # fmt: skip
-        return int(name.rsplit("_", 1)[1])
 
-    result = {"sweep": stats, "prompt_lookup": best("prompt_lookup_"),
-              "early_exit_layer": best("early_exit_")}  # fmt: skip
+    layer, tokens = best("early_exit_").split("_")[2:]
+    result = {"sweep": stats, "prompt_lookup": int(best("prompt_lookup_").rsplit("_", 1)[1]),
+              "early_exit_layer": int(layer), "early_exit_tokens": int(tokens)}  # fmt: skip
     (Path(args.out) / "peers.json").write_text(json.dumps(result, indent=1))
     print(f"[tune] peers: prompt_lookup_num_tokens {result['prompt_lookup']}, "
-          f"assistant_early_exit {result['early_exit_layer']}", file=sys.stderr)  # fmt: skip
+          f"assistant_early_exit {layer} with num_assistant_tokens {tokens}",
+          file=sys.stderr)  # fmt: skip
     return result
 
 
@@ -276,6 +281,8 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--prompt-lookup", type=int, nargs="+", default=[3, 5, 10])
     p.add_argument("--early-exit-fractions", type=float, nargs="+", default=[0.1, 0.2, 0.33])
+    p.add_argument("--early-exit-tokens", type=int, nargs="+", default=[3, 20],
+                   help="num_assistant_tokens (HF's default: 20)")  # fmt: skip
     p.add_argument("--dataset-dir", default=str(ROOT / "data/distilled/smollm2_135m/train"))
     p.add_argument("--cache-dir", default=str(ROOT / "data/features/smollm2_135m"))
     p.add_argument("--max-length", type=int, default=512, help="as the training runs")

@@ -34,6 +34,7 @@ def test_tune_chooses_a_tree_per_drafter(tmp_path, tiny_distilled, heldout_cache
 
     peers = json.loads((out / "peers.json").read_text())
     assert peers["prompt_lookup"] in (2, 3) and peers["early_exit_layer"] >= 1
+    assert peers["early_exit_tokens"] in (3, 20)
     assert {"ar", "hf_greedy", "prompt_lookup_2", "prompt_lookup_3"} <= set(peers["sweep"])
     for kind in ("medusa", "falcon"):
         name = f"{kind}_tiny"
