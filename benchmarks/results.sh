@@ -119,6 +119,9 @@ tune_one() {  # NAME (a run) or "peers"; skipped when its result is newer than t
     [ "$res" -nt "$(run_dir "$name")/checkpoints/last.ckpt" ] &&
       { echo "[results] tune $name: done"; return; }
   fi
+  if pgrep -f "drafters[.]tune $args " > /dev/null; then
+    echo "[results] tune $name: running in another process"; return
+  fi
   $PY -m drafters.tune $args --out "$OUT/tune" --threads 1 > "$LOG/tune_$name.log" 2>&1
   echo "[results] tune $name: done"
 }
