@@ -242,7 +242,9 @@ def fill(doc: str, blocks: dict[str, list[str]]) -> str:
     return doc
 
 
-def build(results: Path, out: Path, log_root: Path, data_root: Path) -> dict:
+def build(
+    results: Path, out: Path, log_root: Path, data_root: Path, readme: Path | None = None
+) -> dict:
     fig_dir = out.parent / "results"
     fig_dir.mkdir(parents=True, exist_ok=True)
     blocks: dict[str, list[str]] = {}
@@ -283,7 +285,19 @@ def build(results: Path, out: Path, log_root: Path, data_root: Path) -> dict:
             blocks[f"claims_{tag}"] = claim_lines(rows["all"])
     doc = out.read_text() if out.is_file() else "# Reference results on the embedded target\n"
     out.write_text(fill(doc, blocks))
+    if readme is not None and readme.is_file():
+        readme.write_text(fill(readme.read_text(), {"headline": headline(blocks, summary)}))
     return summary
+
+
+def headline(blocks: dict[str, list[str]], summary: dict) -> list[str]:
+    """README's copy of the MT-Bench overall table (all turns), with its coverage line."""
+    rows = summary.get("mt_bench") or {}
+    if not rows:
+        return ["MT-Bench: not run yet (`make results`)."]
+    lines = blocks["mt_bench"]
+    table_start = lines.index("All turns, all categories:")
+    return [lines[0], "", *lines[table_start + 2 : table_start + 3]]
 
 
 def _cpu_name() -> str:
@@ -302,12 +316,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="docs/results.md")
     p.add_argument("--logs", default=str(ROOT / "logs/train"))
     p.add_argument("--data", default=str(ROOT / "data"))
+    p.add_argument("--readme", default=str(ROOT / "README.md"), help="its headline block")
     args = p.parse_args(argv)
     results = Path(args.results)
     for tag in ("mt_bench", "spec_bench"):  # complete runs: refresh the bench's own reports too
         if (results / "bench" / tag / "run.json").is_file():
             merge(results / "bench" / tag)
-    build(results, Path(args.out), Path(args.logs), Path(args.data))
+    build(results, Path(args.out), Path(args.logs), Path(args.data), Path(args.readme))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
