@@ -181,6 +181,7 @@ def bench_tables(folder: Path, fig_dir: Path, tag: str) -> tuple[list[str], dict
     plot_accept_lengths(records, drafters, fig_dir / f"{tag}_accept_lengths.png")
     overall = [r for r in rows_all if r["category"] == "all"]
     first = [r for r in rows_first if r["category"] == "all"]
+    settings = {**settings, "questions": len(ids)}  # the questions these rows cover
     lines = [head, "", "All turns, all categories:", "", markdown(overall, settings), "",
              "First turns only:", "", markdown(first, {**settings, "turns": 1}), "",
              "Per category (all turns):", "", markdown(rows_all, settings), "",
