@@ -141,7 +141,8 @@ def tuning_lines(tune_dir: Path) -> list[str]:
         cells = "; ".join(f"{n}: {fmt(v['vs_ar'])}x" for n, v in s.items() if n != "ar")
         lines.append(
             f"- **HF peers** (tok/s vs the AR loop): {cells}. Chosen: prompt_lookup_num_tokens "
-            f"{peers['prompt_lookup']}, assistant_early_exit {peers['early_exit_layer']}."
+            f"{peers['prompt_lookup']}, assistant_early_exit {peers['early_exit_layer']} "
+            f"with num_assistant_tokens {peers.get('early_exit_tokens', 20)}."
         )
     return lines
 
