@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import random
 import sys
@@ -47,11 +46,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from drafters.bench_records import BASELINE, RecordStore, merge
+
 MT_BENCH_CATEGORIES = (
     "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
 )  # fmt: skip
 BUILTIN_METHODS = ("hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit")
-BASELINE = "hf_greedy"
 GATE_CHOICES = ("none", "default", "entropy", "learned")
 DEFAULT_EVAL_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "eval"
 
@@ -116,7 +116,8 @@ def ar_method(target) -> Method:
     return Method("ar", "ar", generate)
 
 
-def drafter_method(target, drafter, gate: str | None, name: str) -> Method:
+def drafter_method(target, drafter, gate: str | None, name: str, tree=None) -> Method:
+    """tree: None (the exported one) or a list of paths overriding it (e.g. tuning sweeps)."""
     from drafters.speculate import cost_ratio, speculative_decode
 
     state: dict = {}
@@ -129,16 +130,17 @@ def drafter_method(target, drafter, gate: str | None, name: str) -> Method:
 
     def generate(ids: torch.Tensor, n: int) -> tuple[list[int], dict]:
         res = speculative_decode(
-            target, drafter, ids, n, gate=gate or "none", cost_ratio=state.get("cost_ratio")
-        )
+            target, drafter, ids, n, gate=gate or "none", tree=tree,
+            cost_ratio=state.get("cost_ratio"),
+        )  # fmt: skip
         return res.output_ids.tolist(), _decode_stats(res)
 
-    tree = drafter.tree
+    used = drafter.tree if tree is None else tree
     info = {
         "drafter": str(drafter.folder),
         "gate": gate,
-        "tree": drafter.config["tree"]["name"],
-        "tree_nodes": len(tree) if hasattr(tree, "__len__") else None,
+        "tree": drafter.config["tree"]["name"] if tree is None else "given",
+        "tree_nodes": len(used) if hasattr(used, "__len__") else None,
         "num_params": drafter.config["weights"]["num_params"],
     }
     return Method(name, drafter.kind, generate, info, before)
@@ -325,96 +327,6 @@ def parse_shard(text: str) -> tuple[int, int]:
     if not 0 <= index < count:
         raise SystemExit(f"--shard {text!r}: INDEX must be in 0..COUNT-1")
     return index, count
-
-
-class RecordStore:
-    """--out/run.json (the run's settings and methods) and --out/records/*.jsonl (one line per
-    question: every method's record). A restart, or another shard, with other settings is
-    refused; a line cut by a kill is dropped (that question runs again), and counted."""
-
-    VOLATILE = ("warmup_questions", "machine", "torch", "transformers")  # may differ per shard
-
-    def __init__(self, folder: Path, settings: dict, methods: dict) -> None:
-        self.folder = folder
-        (folder / "records").mkdir(parents=True, exist_ok=True)
-        run_file = folder / "run.json"
-        mine = {"settings": settings, "methods": methods}
-        if run_file.is_file():
-            theirs = json.loads(run_file.read_text())
-            differ = _differences(mine, theirs, self.VOLATILE)
-            if differ:
-                raise SystemExit(
-                    f"{run_file}: this run's settings differ from the recorded run's in "
-                    f"{', '.join(differ)}; use another --out, or delete {folder} to start over"
-                )
-        else:
-            tmp = run_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(mine, indent=1))
-            tmp.replace(run_file)
-        self.path = folder / "records" / f"{platform.node()}-{os.getpid()}.jsonl"
-        if self.path.is_file() and not self.path.read_bytes().endswith(b"\n"):
-            with open(self.path, "a") as f:  # a line cut by a kill: end it, keep it apart
-                f.write("\n")
-
-    def done(self) -> set:
-        return set(read_records(self.folder)[0])
-
-    def append(self, question_id, batch: list[dict]) -> None:
-        line = json.dumps({"question_id": question_id, "records": batch})
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-
-def _differences(a: dict, b: dict, volatile: tuple[str, ...], prefix: str = "") -> list[str]:
-    keys = [k for k in dict.fromkeys([*a, *b]) if k not in volatile]
-    out = []
-    for k in keys:
-        x, y = a.get(k), b.get(k)
-        if isinstance(x, dict) and isinstance(y, dict):
-            out += _differences(x, y, volatile, f"{prefix}{k}.")
-        elif x != y:
-            out.append(f"{prefix}{k}")
-    return out
-
-
-def read_records(folder: Path) -> tuple[dict, int]:
-    """{question_id: [records]} from every records file (first one wins), and the number of
-    unreadable lines (cut by a kill)."""
-    by_question: dict = {}
-    bad = 0
-    for path in sorted((folder / "records").glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
-            by_question.setdefault(row["question_id"], row["records"])
-    return by_question, bad
-
-
-def merge(folder: Path) -> dict:
-    """Reports from the records under folder, once every question has been run."""
-    from drafters.bench_report import write_reports
-
-    run_file = folder / "run.json"
-    if not run_file.is_file():
-        raise SystemExit(f"{run_file} does not exist: run the benchmark with --out {folder} first")
-    run_info = json.loads(run_file.read_text())
-    settings, info = run_info["settings"], run_info["methods"]
-    by_question, bad = read_records(folder)
-    if bad:
-        print(f"[bench] {bad} cut record lines skipped (run again)", file=sys.stderr)
-    ids = settings["question_ids"]
-    missing = [q for q in ids if q not in by_question]
-    if missing:
-        msg = f"{len(ids) - len(missing)} of {len(ids)} questions recorded in {folder}"
-        print(f"[bench] {msg}; reports when all are (rerun the shards)", file=sys.stderr)
-        return {"complete": False, "markdown": msg, "files": []}
-    records = [r for q in ids for r in by_question[q]]
-    return {"complete": True, **write_reports(folder, settings, info, records, BASELINE)}
 
 
 def parse_args(argv: list[str] | None = None):

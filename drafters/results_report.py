@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from statistics import mean
 
-from drafters.bench import BASELINE, merge, read_records
+from drafters.bench_records import BASELINE, merge, read_records
 from drafters.bench_report import markdown, plot_accept_lengths, plot_speedup, summarize
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -139,80 +139,49 @@ def validation_prompts(tokenizer, n: int, max_prompt_tokens: int, val_fraction: 
     return prompts
 
 
-def sweep(target, prompts: list[dict], runners: dict, max_new_tokens: int) -> dict:
-    """{name: {tokens_per_s, tau, new_tokens, seconds}} for runners {name: fn(ids, n) ->
-    (tokens, verify_forwards or None)}, prompt-major; outputs checked against "ar"."""
+def sweep(target, prompts: list[dict], methods: list, max_new_tokens: int) -> dict:
+    """{name: {tokens_per_s, tau, vs_ar, new_tokens, seconds, forwards}} for bench `Method`s
+    (the first one, the AR loop, is the reference), prompt-major; every output is checked
+    against the first method's."""
     from drafters.decoding.result import sync_clock
 
-    stats = {name: {"new_tokens": 0, "seconds": 0.0, "forwards": 0} for name in runners}
+    stats = {
+        m.name: {"new_tokens": 0, "emitted": 0, "seconds": 0.0, "forwards": 0} for m in methods
+    }
     for p in prompts:
         ids = torch.tensor([p["ids"]], device=target.device)
         ref = None
-        for name, fn in runners.items():
+        for m in methods:
             t0 = sync_clock(target.device)
-            out, forwards = fn(ids, max_new_tokens)
+            out, info = m.generate(ids, max_new_tokens)
             seconds = sync_clock(target.device) - t0
-            if ref is None:
-                ref = out
-            elif out != ref:
-                raise AssertionError(f"{name}: output differs from {next(iter(runners))} on "
+            ref = out if ref is None else ref
+            if out != ref:
+                raise AssertionError(f"{m.name}: output differs from {methods[0].name} on "
                                      f"ShareGPT {p['id']}: a decoder bug")  # fmt: skip
-            s = stats[name]
+            s = stats[m.name]
             s["new_tokens"] += len(out)
-            s["seconds"] += seconds
-            s["forwards"] = None if forwards is None else (s["forwards"] or 0) + forwards
-            s.setdefault("emitted", 0)
             s["emitted"] += max(len(out) - 1, 0)
+            s["seconds"] += seconds
+            s["forwards"] += info.get("verify_forwards", 0)
         print(f"[tune] prompt {p['id']}: " + ", ".join(
             f"{n} {s['new_tokens'] / max(s['seconds'], 1e-9):.1f}" for n, s in stats.items()
         ), file=sys.stderr, flush=True)  # fmt: skip
     for s in stats.values():
         s["tokens_per_s"] = s["new_tokens"] / s["seconds"] if s["seconds"] else None
-        s["tau"] = s["emitted"] / s["forwards"] if s["forwards"] else None
-        s.pop("emitted")
-    base = stats["ar"]["tokens_per_s"]
+        s["tau"] = s.pop("emitted") / s["forwards"] if s["forwards"] else None
+        s["forwards"] = s["forwards"] or None  # HF methods do not count theirs
+    base = stats[methods[0].name]["tokens_per_s"]
     for s in stats.values():
         s["vs_ar"] = s["tokens_per_s"] / base if base and s["tokens_per_s"] else None
     return stats
-
-
-def ar_runner(target):
-    from drafters.decoding import decode_ar
-
-    def run(ids, n):
-        res = decode_ar(target, ids, n)
-        return res.output_ids.tolist(), res.verify_forwards
-
-    return run
-
-
-def tree_runner(target, drafter, tree):
-    from drafters.speculate import speculative_decode
-
-    paths = tree.to_list()
-
-    def run(ids, n):
-        res = speculative_decode(target, drafter, ids, n, gate="none", tree=paths)
-        return res.output_ids.tolist(), res.verify_forwards
-
-    return run
-
-
-def hf_runner(target, **kwargs):
-    def run(ids, n):
-        out = target.model.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
-            pad_token_id=target.tokenizer.pad_token_id, **kwargs,
-        )  # fmt: skip
-        return out[0, ids.shape[1] :].tolist(), None
-
-    return run
 
 
 # ---- entry point ----------------------------------------------------------------------------
 
 
 def tune_drafter(args, target, folder: str, prompts: list[dict], batches: list[dict]) -> dict:
+    from drafters.bench import ar_method, drafter_method
     from drafters.drafter_io import load_drafter
 
     drafter = load_drafter(folder, target)
@@ -222,9 +191,9 @@ def tune_drafter(args, target, folder: str, prompts: list[dict], batches: list[d
           file=sys.stderr)  # fmt: skip
     specs = {f"tree{n}": tree_input(drafter, acc, n) for n in args.sizes}
     trees = {name: build(drafter, spec) for name, spec in specs.items()}
-    runners = {"ar": ar_runner(target)}
-    runners.update({name: tree_runner(target, drafter, t) for name, t in trees.items()})
-    stats = sweep(target, prompts, runners, args.max_new_tokens)
+    methods = [ar_method(target)]
+    methods += [drafter_method(target, drafter, None, n, t.to_list()) for n, t in trees.items()]
+    stats = sweep(target, prompts, methods, args.max_new_tokens)
     best = max(trees, key=lambda n: stats[n]["tokens_per_s"])
     for name, t in trees.items():
         stats[name].update(nodes=len(t), depth=t.depth)
@@ -241,17 +210,18 @@ def tune_drafter(args, target, folder: str, prompts: list[dict], batches: list[d
 
 
 def tune_peers(args, target, prompts: list[dict]) -> dict:
+    from drafters.bench import ar_method, hf_method
+
     layers = target.config.num_hidden_layers
-    runners = {"ar": ar_runner(target), "hf_greedy": hf_runner(target)}
+    methods = [ar_method(target), hf_method(target, "hf_greedy")]
     for n in args.prompt_lookup:
-        runners[f"prompt_lookup_{n}"] = hf_runner(target, prompt_lookup_num_tokens=n)
+        methods.append(hf_method(target, f"prompt_lookup_{n}", prompt_lookup_num_tokens=n))
     for frac in args.early_exit_fractions:
         layer = max(1, round(layers * frac))
         for n in args.early_exit_tokens:
-            runners[f"early_exit_{layer}_{n}"] = hf_runner(
-                target, assistant_early_exit=layer, num_assistant_tokens=n
-            )
-    stats = sweep(target, prompts, runners, args.max_new_tokens)
+            kw = {"assistant_early_exit": layer, "num_assistant_tokens": n}
+            methods.append(hf_method(target, f"early_exit_{layer}_{n}", **kw))
+    stats = sweep(target, prompts, methods, args.max_new_tokens)
 
     def best(prefix):
         return max((n for n in stats if n.startswith(prefix)),
