@@ -4,18 +4,15 @@ Turn by turn, each turn conditioned on the target's *own* earlier answers (metho
 greedy by default, batched with left padding. Work is done in fixed batches of conversations
 and each finished batch is written atomically as one shard, so a killed run restarted with the
 same command redoes only the unfinished batch: no conversation lost, none duplicated, and the
-same batches (hence the same outputs) as an uninterrupted run. `finalize` merges the shards
-into an HF `datasets` dataset whose metadata holds the target's identity.
+same batches (hence the same outputs) as an uninterrupted run. `drafters.distilled.finalize`
+merges the shards into the dataset that training reads.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +21,7 @@ from tqdm import tqdm
 
 from drafters.data.chat import render_prompt
 from drafters.data.sharegpt import Conversation, ReadStats, read_conversations
+from drafters.distilled import DistillResumeError, finalize, shard_path, write_json_atomic
 from drafters.target import Target
 
 
@@ -43,16 +41,6 @@ class DistillConfig:
         """What a resumed run must agree on to reuse the shards of an earlier one."""
         payload = {k: v for k, v in self.__dict__.items()}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-class DistillResumeError(RuntimeError):
-    pass
-
-
-def _write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, ensure_ascii=False, indent=1))
-    os.replace(tmp, path)
 
 
 @torch.no_grad()
@@ -145,10 +133,6 @@ def _first_prompt_chars(conv: Conversation) -> int:
     return sum(len(m["content"]) for m in conv.messages[:2] if m["role"] != "assistant")
 
 
-def _shard_path(out_dir: Path, batch_index: int) -> Path:
-    return out_dir / "shards" / f"batch-{batch_index:06d}.json"
-
-
 def run_distillation(
     target: Target,
     source: str,
@@ -190,7 +174,7 @@ def run_distillation(
                 "use another output folder (out_dir=...) or delete this one"
             )
     manifest["max_conversations"] = max_conversations  # may grow between runs
-    _write_json_atomic(manifest_path, manifest)
+    write_json_atomic(manifest_path, manifest)
 
     read_stats = ReadStats()
     conversations = list(
@@ -202,13 +186,13 @@ def run_distillation(
     # the extra shards on disk (unused by the merge) for when it grows again.
     mine = [b for b in range(len(batches)) if b % num_shards == shard_index]
     for b in mine:
-        path = _shard_path(out_dir, b)
+        path = shard_path(out_dir, b)
         if path.exists() and json.loads(path.read_text())["keys"] != [c.key for c in batches[b]]:
             path.unlink()
     if manifest.get("num_batches") != len(batches):
         manifest["num_batches"] = len(batches)
-        _write_json_atomic(manifest_path, manifest)
-    todo = [b for b in mine if not _shard_path(out_dir, b).exists()]
+        write_json_atomic(manifest_path, manifest)
+    todo = [b for b in mine if not shard_path(out_dir, b).exists()]
     done_before = len(mine) - len(todo)
     print(f"[distill] conversations: {read_stats.summary()}")
     if done_before:
@@ -221,7 +205,7 @@ def run_distillation(
     for b in todo:
         records = generate_turns(target, batches[b], cfg, batch_seed=cfg.seed * 1_000_003 + b)
         keys = [c.key for c in batches[b]]
-        _write_json_atomic(_shard_path(out_dir, b), {"keys": keys, "records": records})
+        write_json_atomic(shard_path(out_dir, b), {"keys": keys, "records": records})
         new_tokens += sum(len(ids) for r in records for ids in r["response_ids"])
         bar.update(len(batches[b]))
         bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - t0):.1f}")
@@ -238,144 +222,6 @@ def run_distillation(
         "tokens_per_s_this_run": round(new_tokens / elapsed, 2) if elapsed > 0 else None,
     }
     return run_stats
-
-
-def load_records(out_dir: str | Path, num_batches: int | None = None) -> list[dict]:
-    """All distilled records in source order, checked for overlap and (given the expected
-    number of batches) for missing batches."""
-    out_dir = Path(out_dir)
-    paths = sorted((out_dir / "shards").glob("batch-*.json"))
-    if num_batches is not None:
-        have = {int(p.stem.split("-")[1]) for p in paths}
-        missing = sorted(set(range(num_batches)) - have)
-        if missing:
-            raise DistillResumeError(
-                f"{out_dir}: {len(missing)} of {num_batches} batches are not distilled yet "
-                f"(first: {missing[:5]}); run the missing shards (same command) before merging"
-            )
-    if num_batches is not None:
-        paths = [p for p in paths if int(p.stem.split("-")[1]) < num_batches]
-    records, seen = [], set()
-    for path in paths:
-        shard = json.loads(path.read_text())
-        for r in shard["records"]:
-            if r["key"] in seen:
-                raise DistillResumeError(f"{path}: conversation {r['key']} appears in two shards")
-            seen.add(r["key"])
-            records.append(r)
-    records.sort(key=lambda r: r["source_index"])
-    return records
-
-
-def _features():
-    from datasets import Features, List, Value
-
-    message = {"role": Value("string"), "content": Value("string")}
-    return Features(
-        {
-            "id": Value("string"),
-            "key": Value("string"),
-            "source_index": Value("int64"),
-            "messages": List(message),
-            "response_ids": List(List(Value("int32"))),
-            "finish": List(Value("string")),
-        }
-    )
-
-
-def finalize(
-    out_dir: str | Path,
-    target_identity: dict,
-    run_stats: dict | None = None,
-    drop_length_cut: bool = False,
-):
-    """Merge shards into `out_dir/dataset` (Arrow), atomically; returns (dataset, stats).
-
-    A conversation ends at its first answer cut by max_new_tokens (nothing after it was
-    generated). drop_length_cut=False keeps that answer as the last turn, marked "length", and
-    the training examples leave its end-of-turn token out of the loss (the target never said
-    it there); True drops the cut answer too.
-    """
-    from datasets import Dataset
-
-    DATASET_FEATURES = _features()
-    out_dir = Path(out_dir)
-    manifest = json.loads((out_dir / "manifest.json").read_text())
-    drop_cut = drop_length_cut
-    rows, finish, stopped = [], Counter(), Counter()
-    records = load_records(out_dir, manifest.get("num_batches"))
-    dropped_turns = dropped_convs = 0
-    for r in records:
-        finish.update(r["finish"])
-        if r["stopped"]:
-            stopped[r["stopped"]] += 1
-        n = len(r["finish"])
-        if drop_cut and "length" in r["finish"]:
-            n = r["finish"].index("length")
-            dropped_turns += len(r["finish"]) - n
-        if n == 0:
-            dropped_convs += 1
-            continue
-        head = 1 if r["messages"] and r["messages"][0]["role"] == "system" else 0
-        rows.append(
-            {
-                "id": r["id"],
-                "key": r["key"],
-                "source_index": r["source_index"],
-                "messages": r["messages"][: head + 2 * n],
-                "response_ids": r["response_ids"][:n],
-                "finish": r["finish"][:n],
-            }
-        )
-    n_tokens = sum(len(ids) for row in rows for ids in row["response_ids"])
-    stats = {
-        "conversations": len(rows),
-        "assistant_turns": sum(len(row["finish"]) for row in rows),
-        "response_tokens": n_tokens,
-        "turns_by_finish": dict(finish),
-        "conversations_stopped_early": dict(stopped),
-        "length_cut_turns_dropped": dropped_turns,
-        "conversations_dropped": dropped_convs,
-        "mean_response_tokens": round(n_tokens / max(1, sum(len(r["finish"]) for r in rows)), 1),
-    }
-    if run_stats:
-        stats["run"] = run_stats
-    stats["drop_length_cut"] = drop_cut
-    meta = {"target": target_identity, "distill": manifest, "stats": stats}
-    columns = {name: [row[name] for row in rows] for name in DATASET_FEATURES}
-    ds = Dataset.from_dict(columns, features=DATASET_FEATURES)
-    ds.info.description = json.dumps(meta)
-    final, tmp = out_dir / "dataset", out_dir / f".dataset.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    ds.save_to_disk(str(tmp))
-    _write_json_atomic(tmp / "drafters_meta.json", meta)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _write_json_atomic(out_dir / "stats.json", stats)
-    return ds, stats
-
-
-def load_distilled(path: str | Path, target_identity=None):
-    """The distilled dataset at `path` (the `dataset` folder or its parent), checked against the
-    target it will train a drafter for."""
-    from datasets import load_from_disk
-
-    path = Path(path)
-    if (path / "dataset").is_dir():
-        path = path / "dataset"
-    meta_path = path / "drafters_meta.json"
-    if not meta_path.is_file():
-        raise FileNotFoundError(
-            f"no distilled dataset at {path}; make it with `python data/distill.py` "
-            "(see README: Data)"
-        )
-    meta = json.loads(meta_path.read_text())
-    if target_identity is not None:
-        problem = target_identity.mismatch(meta["target"], f"distilled dataset {path}")
-        if problem:
-            raise ValueError(problem)
-    return load_from_disk(str(path)), meta
 
 
 def distill(cfg) -> dict | None:

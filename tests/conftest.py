@@ -31,7 +31,8 @@ def tiny_distilled(tmp_path_factory, tiny):
     """A distilled dataset made by the tiny target from 24 small local conversations."""
     import json
 
-    from drafters.distill import DistillConfig, finalize, run_distillation
+    from drafters.distill import DistillConfig, run_distillation
+    from drafters.distilled import finalize
 
     root = tmp_path_factory.mktemp("tiny_distilled")
     rows = []

@@ -3,7 +3,8 @@ import json
 import pytest
 
 import drafters.distill as D
-from drafters.distill import DistillConfig, DistillResumeError, finalize, load_distilled
+from drafters.distill import DistillConfig
+from drafters.distilled import DistillResumeError, finalize, load_distilled
 
 
 def make_source(path, n=7):

@@ -113,7 +113,8 @@ def test_end_to_end_on_the_embedded_target(tmp_path, smollm2):
     """Distil 6 conversations with SmolLM2, train Medusa heads a few steps through the real
     Hydra config, export, and decode: speculative output == HF greedy output."""
     from drafters.data.chat import render_prompt
-    from drafters.distill import DistillConfig, finalize, run_distillation
+    from drafters.distill import DistillConfig, run_distillation
+    from drafters.distilled import finalize
     from drafters.drafter_io import load_drafter
     from drafters.export import export_checkpoint
     from drafters.speculate import speculative_decode

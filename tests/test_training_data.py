@@ -12,7 +12,7 @@ from drafters.training.feature_cache import (
 
 
 def examples_of(target, dataset_dir, max_length=64):
-    from drafters.distill import load_distilled
+    from drafters.distilled import load_distilled
 
     ds, _ = load_distilled(dataset_dir, target.identity)
     return ConversationExamples(ds.to_list(), target.tokenizer, max_length, target.eos_token_ids)
