@@ -93,6 +93,28 @@ def markdown(rows: list[dict], settings: dict) -> str:
     return "\n".join(lines)
 
 
+def category_grid(rows: list[dict]) -> str:
+    """Speedup (τ) per method and category, one row per method: summarize's rows as a grid."""
+    categories = list(dict.fromkeys(r["category"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    cell = {(r["method"], r["category"]): r for r in rows}
+    lines = [
+        "| method | " + " | ".join(categories) + " |",
+        "|---|" + "---:|" * len(categories),
+    ]
+    for m in methods:
+        cells = []
+        for c in categories:
+            r = cell.get((m, c))
+            if r is None:
+                cells.append("")
+                continue
+            tau = f" ({_fmt(r['tau'], '.2f')})" if r["tau"] is not None else ""
+            cells.append(f"{_fmt(r['speedup'], '.2f')}x{tau}")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot_speedup(rows: list[dict], path: Path, baseline: str) -> None:
     import matplotlib
 

@@ -34,3 +34,5 @@ def test_partial_benchmark_is_labelled(tmp_path):
     assert rows["complete"] is False
     assert [r["method"] for r in rows["first"]] == ["hf_greedy", "ar"]
     assert rows["first"][1]["tau"] == 1.0 and rows["first"][0]["speedup"] == 1.0
+    grid = next(x for x in lines if x.startswith("| method | c | all |")).splitlines()
+    assert grid[2:] == [f"| {m} | 1.00x (1.00) | 1.00x (1.00) |" for m in ("hf_greedy", "ar")]
