@@ -122,6 +122,10 @@ def plot_curves(curves: dict[str, list[dict]], path: Path) -> bool:
 
 def tuning_lines(tune_dir: Path) -> list[str]:
     lines = []
+
+    def depth(row: dict) -> str:
+        return f" (depth {row['depth']})" if "depth" in row else ""
+
     for name in RUNS:
         p = tune_dir / f"{name}.json"
         if not p.is_file():
@@ -132,7 +136,8 @@ def tuning_lines(tune_dir: Path) -> list[str]:
         acc1 = ", ".join(fmt(r[0]) for r in res["topk_acc"])
         trees = [t for t in s if t != "ar"]
         cells = "; ".join(
-            f"{t.removeprefix('tree')} nodes: τ {fmt(s[t]['tau'])}, {fmt(s[t]['vs_ar'])}x"
+            f"{t.removeprefix('tree')} nodes{depth(s[t])}: τ {fmt(s[t]['tau'])}, "
+            f"{fmt(s[t]['vs_ar'])}x"
             for t in trees
         )
         lines.append(
