@@ -17,6 +17,7 @@
 #           max_new_tokens 256, every method in one run per table: HF greedy, HF prompt lookup,
 #           HF early exit, Medusa, Cerberus (no gate, entropy gate, learned gate), the 3 Falcons
 #   report  docs/results.md from the bench and training outputs
+#   plan    (not in the default list) print the train, tune and bench commands; runs nothing
 # Knobs (environment): PY, LANES (parallel lanes for train/bench; default 2 on 2 cores),
 # STEPS (training steps per run), CONVERSATIONS (corpus size), OUT (outputs/results).
 set -euo pipefail
@@ -72,15 +73,16 @@ trained() { [ -f "$(run_dir "$1")/checkpoints/last.ckpt" ] &&
     "$(run_dir "$1")/checkpoints/last.ckpt"; }
 running() { pgrep -f "run_name=results_$1 " > /dev/null; }
 
+train_cmd() { echo "$PY train.py +experiment=$2 run_name=results_$1 $3 $BUDGET ckpt_path=last"; }
+
 train_one() {  # checked when its lane starts it: another results.sh may have trained it meanwhile
   local name=$1 exp=$2 extra=$3
   if trained "$name"; then echo "[results] train $name: done"; return; fi
   if running "$name"; then echo "[results] train $name: running in another process"; return; fi
-  $PY train.py +experiment="$exp" run_name="results_$name" $extra $BUDGET ckpt_path=last \
-    > "$LOG/train_$name.log" 2>&1
+  $(train_cmd "$name" "$exp" "$extra") > "$LOG/train_$name.log" 2>&1
   echo "[results] train $name: done"
 }
-export -f trained running train_one run_dir
+export -f trained running train_cmd train_one run_dir
 export PY STEPS BUDGET LOG
 
 stage_train() {
@@ -122,10 +124,11 @@ tune_one() {  # NAME (a run) or "peers"; skipped when its result is newer than t
   if pgrep -f "drafters[.]tune $args " > /dev/null; then
     echo "[results] tune $name: running in another process"; return
   fi
-  $PY -m drafters.tune $args --out "$OUT/tune" --threads 1 > "$LOG/tune_$name.log" 2>&1
+  $(tune_cmd "$args") > "$LOG/tune_$name.log" 2>&1
   echo "[results] tune $name: done"
 }
-export -f tune_one
+tune_cmd() { echo "$PY -m drafters.tune $1 --out $OUT/tune --threads 1"; }
+export -f tune_one tune_cmd
 export OUT
 
 stage_tune() {  # on held-out ShareGPT only; then re-export with the chosen trees
@@ -144,6 +147,10 @@ stage_tune() {  # on held-out ShareGPT only; then re-export with the chosen tree
 bench_args() {  # the methods of every table: HF peers with their tuned knobs, every drafter
   local d=$OUT/drafters
   local peers
+  if [ ! -f "$OUT/tune/peers.json" ]; then
+    echo "[results] $OUT/tune/peers.json is missing: run the tune stage first" >&2
+    return 1
+  fi
   peers=$($PY -c "import json,sys; p=json.load(open(sys.argv[1])); \
 print(f'--prompt-lookup {p[\"prompt_lookup\"]} --early-exit-layer {p[\"early_exit_layer\"]}', \
       f'--early-exit-tokens {p[\"early_exit_tokens\"]}')" \
@@ -153,14 +160,20 @@ print(f'--prompt-lookup {p[\"prompt_lookup\"]} --early-exit-layer {p[\"early_exi
 --drafter $d/falcon_k3 --max-new-tokens 256 --turns 2 --threads 1"
 }
 
+TABLES=("mt_bench|--bench mt_bench" "spec_bench|--bench spec_bench --per-category 10")
+
+bench_cmd() {  # TABLE_ARGS OUT_NAME SHARD BENCH_ARGS
+  echo "$PY -m drafters.bench $1 $4 --shard $3/$LANES --out $OUT/bench/$2"
+}
+
 stage_bench() {  # one run per table, LANES shards; resumes from the records under --out
-  local table name args
-  for table in "mt_bench|--bench mt_bench" "spec_bench|--bench spec_bench --per-category 10"; do
+  local table name args bargs
+  bargs=$(bench_args)
+  for table in "${TABLES[@]}"; do
     IFS='|' read -r name args <<<"$table"
     local cmds=() i
     for ((i = 0; i < LANES; i++)); do
-      cmds+=("$PY -m drafters.bench $args $(bench_args) --shard $i/$LANES \
-        --out $OUT/bench/$name >> $LOG/bench_${name}_$i.log 2>&1")
+      cmds+=("$(bench_cmd "$args" "$name" "$i" "$bargs") >> $LOG/bench_${name}_$i.log 2>&1")
     done
     lanes "${cmds[@]}"
     $PY -m drafters.bench --merge --out "$OUT/bench/$name"
@@ -169,6 +182,21 @@ stage_bench() {  # one run per table, LANES shards; resumes from the records und
 
 stage_report() {
   $PY -m drafters.results_report --results "$OUT" --out docs/results.md
+}
+
+stage_plan() {  # print the train, tune and bench commands (tests check them); runs nothing
+  local spec name exp extra table args bargs
+  bargs=$(bench_args)
+  for spec in "${RUNS[@]}"; do
+    IFS='|' read -r name exp extra <<<"$spec"
+    echo "train $name: $(train_cmd "$name" "$exp" "$extra")"
+    echo "tune $name: $(tune_cmd "--drafter $OUT/drafters/$name")"
+  done
+  echo "tune peers: $(tune_cmd --peers)"
+  for table in "${TABLES[@]}"; do
+    IFS='|' read -r name args <<<"$table"
+    echo "bench $name: $(bench_cmd "$args" "$name" 0 "$bargs")"
+  done
 }
 
 main() {

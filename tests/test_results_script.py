@@ -1,0 +1,87 @@
+"""benchmarks/results.sh (docs/results.md's one command): the commands it runs compose and parse.
+
+Its stages take hours, so they are checked through `results.sh plan`, which prints the train,
+tune and bench commands the stages run (the same functions build both): every training run
+composes under Hydra with one shared budget, and the tune and bench commands parse.
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+from train_helpers import ROOT, compose_config
+
+from drafters import bench, tune
+
+RUNS = ["medusa", "cerberus", "falcon_k2_tf", "falcon_k2", "falcon_k3"]
+PEERS = {"prompt_lookup": 3, "early_exit_layer": 3, "early_exit_tokens": 20}
+
+
+def plan(out, peers=PEERS) -> subprocess.CompletedProcess:
+    if peers is not None:
+        (out / "tune").mkdir(parents=True)
+        (out / "tune" / "peers.json").write_text(json.dumps(peers))
+    env = {**os.environ, "OUT": str(out), "PY": sys.executable}
+    return subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "results.sh"), "plan"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture(scope="module")
+def commands(tmp_path_factory):
+    res = plan(tmp_path_factory.mktemp("results"))
+    assert res.returncode == 0, res.stderr
+    cmds = {}
+    for line in res.stdout.splitlines():
+        if line.startswith("[results]"):
+            continue
+        label, cmd = line.split(": ", 1)
+        cmds[label] = shlex.split(cmd)[1:]  # without the interpreter
+    return cmds
+
+
+def test_every_run_composes_with_one_training_budget(commands):
+    cfgs = {}
+    for name in RUNS:
+        argv = commands[f"train {name}"]
+        assert argv[0] == "train.py"
+        cfgs[name] = compose_config("train", argv[1:])
+        assert cfgs[name].run_name == f"results_{name}" and cfgs[name].ckpt_path == "last"
+    budget = {n: (c.data, c.trainer, c.optim) for n, c in cfgs.items()}
+    assert all(b == budget["medusa"] for b in budget.values()), "runs differ in their budget"
+    assert cfgs["medusa"].trainer.max_steps == 100 and cfgs["medusa"].data.max_length == 512
+    assert cfgs["cerberus"].drafter.gate == "learned"
+    falcons = ("falcon_k2_tf", "falcon_k2", "falcon_k3")
+    assert [cfgs[n].drafter.model.k for n in falcons] == [2, 2, 3]
+    assert cfgs["falcon_k2_tf"].drafter.csgd.teacher_forcing_only
+    assert not cfgs["falcon_k2"].drafter.csgd.teacher_forcing_only
+
+
+def test_tune_and_bench_commands_parse(commands, tmp_path):
+    for name in [*RUNS, "peers"]:
+        argv = commands[f"tune {name}"]
+        assert argv[:2] == ["-m", "drafters.tune"]
+        tune.parse_args(argv[2:])
+    for table in ("mt_bench", "spec_bench"):
+        argv = commands[f"bench {table}"]
+        assert argv[:2] == ["-m", "drafters.bench"]
+        args = bench.parse_args(argv[2:])
+        assert (args.bench, args.max_new_tokens, args.turns) == (table, 256, 2)
+        assert (args.prompt_lookup, args.early_exit_layer, args.early_exit_tokens) == (3, 3, 20)
+        names = [d.split("@")[0].rsplit("/", 1)[1] for d in args.drafter]
+        assert names == RUNS
+        assert args.drafter[1].endswith("@none,entropy,learned")
+    assert bench.parse_args(commands["bench spec_bench"][2:]).per_category == 10
+
+
+def test_bench_refuses_to_start_without_tuned_peers(tmp_path):
+    res = plan(tmp_path, peers=None)
+    assert res.returncode != 0
+    assert "peers.json is missing: run the tune stage first" in res.stderr
