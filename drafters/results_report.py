@@ -238,6 +238,9 @@ def claim_lines(rows: list[dict]) -> list[str]:
         f"- Cerberus heads vs Medusa heads (no gate): cerberus {cell('cerberus')}; medusa "
         f"{cell('medusa')}; speedup ratio {ratio('cerberus', 'medusa', 'speedup')} (paper: "
         f"1.10-1.30).",
+        f"- Cerberus with its gate vs Medusa: speedup ratio "
+        f"{ratio('cerberus+entropy', 'medusa', 'speedup')} (entropy gate), "
+        f"{ratio('cerberus+learned', 'medusa', 'speedup')} (learned gate).",
         f"- The gate: cerberus+entropy {cell('cerberus+entropy')}; cerberus+learned "
         f"{cell('cerberus+learned')}; cerberus without gate {cell('cerberus')}.",
     ]
