@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 from drafters.data.chat import render_prompt
 from drafters.data.sharegpt import Conversation, ReadStats, read_conversations
-from drafters.distilled import DistillResumeError, finalize, shard_path, write_json_atomic
+from drafters.distilled import DistillResumeError, finalize, shard_path
+from drafters.io_utils import write_json_atomic
 from drafters.target import Target
 
 

@@ -13,15 +13,11 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+from drafters.io_utils import replace_dir, write_json_atomic
+
 
 class DistillResumeError(RuntimeError):
     pass
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, ensure_ascii=False, indent=1))
-    os.replace(tmp, path)
 
 
 def shard_path(out_dir: Path, batch_index: int) -> Path:
@@ -137,9 +133,7 @@ def finalize(
     shutil.rmtree(tmp, ignore_errors=True)
     ds.save_to_disk(str(tmp))
     write_json_atomic(tmp / "drafters_meta.json", meta)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    replace_dir(tmp, final)
     write_json_atomic(out_dir / "stats.json", stats)
     return ds, stats
 

@@ -42,6 +42,7 @@ from drafters.drafter_io import (
     read_config,
     sha256_file,
 )
+from drafters.io_utils import replace_dir
 from drafters.models import DRAFTERS, EntropyGate, LearnedGate, LearnedGateConfig
 from drafters.target import TargetIdentity
 
@@ -267,7 +268,7 @@ def export_checkpoint(
         }
         _write_config(tmp / CONFIG_FILE, config)  # last: its presence marks a complete folder
         load_drafter(tmp)  # what was written loads, or the export fails here
-        _replace_dir(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
@@ -285,14 +286,3 @@ def _write_config(path: Path, config: dict) -> None:
         fh.write(text + "\n")
         fh.flush()
         os.fsync(fh.fileno())
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Rename src to dst; an existing dst is moved aside first and deleted after."""
-    old = None
-    if dst.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
-        os.replace(dst, old / dst.name)
-    os.replace(src, dst)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
