@@ -194,14 +194,18 @@ def bench_tables(folder: Path, fig_dir: Path, tag: str) -> tuple[list[str], dict
     overall = [r for r in rows_all if r["category"] == "all"]
     first = [r for r in rows_first if r["category"] == "all"]
     settings = {**settings, "questions": len(ids)}  # the questions these rows cover
+    complete = len(ids) == total
+    full_table = f"`{folder}/results.md`"
+    if not complete:
+        full_table += " (written once the run is complete)"
     lines = [head, "", "All turns, all categories:", "", markdown(overall, settings), "",
              "First turns only:", "", markdown(first, {**settings, "turns": 1}), "",
              "Per category, all turns: speedup over HF greedy (τ). The same rows with α, tok/s "
-             f"and lossless: `{folder}/results.md` (written once the run is complete).", "",
+             f"and lossless: {full_table}.", "",
              category_grid(rows_all), "",
              f"![speedup by category](results/{tag}_speedup.png)",
              f"![accepted lengths](results/{tag}_accept_lengths.png)"]  # fmt: skip
-    return lines, {"all": overall, "first": first, "complete": len(ids) == total}
+    return lines, {"all": overall, "first": first, "complete": complete}
 
 
 # ---- the claims ---------------------------------------------------------------------------------
