@@ -25,18 +25,25 @@ class RecordStore:
         (folder / "records").mkdir(parents=True, exist_ok=True)
         run_file = folder / "run.json"
         mine = {"settings": settings, "methods": methods}
-        if run_file.is_file():
-            theirs = json.loads(run_file.read_text())
-            differ = _differences(mine, theirs, self.VOLATILE)
-            if differ:
-                raise SystemExit(
-                    f"{run_file}: this run's settings differ from the recorded run's in "
-                    f"{', '.join(differ)}; use another --out, or delete {folder} to start over"
-                )
-        else:
-            tmp = run_file.with_suffix(".tmp")
+        if not run_file.is_file():
+            # Shards start together: each writes its own temporary file, and a hard link
+            # publishes it only if no run.json exists yet. The first shard's wins; every shard,
+            # the first included, is then checked against it.
+            tmp = folder / f".run.json.tmp-{platform.node()}-{os.getpid()}"
             tmp.write_text(json.dumps(mine, indent=1))
-            tmp.replace(run_file)
+            try:
+                os.link(tmp, run_file)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        theirs = json.loads(run_file.read_text())
+        differ = _differences(mine, theirs, self.VOLATILE)
+        if differ:
+            raise SystemExit(
+                f"{run_file}: this run's settings differ from the recorded run's in "
+                f"{', '.join(differ)}; use another --out, or delete {folder} to start over"
+            )
         self.path = folder / "records" / f"{platform.node()}-{os.getpid()}.jsonl"
         if self.path.is_file() and not self.path.read_bytes().endswith(b"\n"):
             with open(self.path, "a") as f:  # a line cut by a kill: end it, keep it apart
