@@ -1,5 +1,6 @@
 """Atomic writes shared by everything that publishes a file or a folder other code will read:
-a reader sees the old version or the new one, never a half-written one."""
+a reader sees the old version or the new one, never a half-written one (a replaced folder is
+missing only for the instant between two renames)."""
 
 from __future__ import annotations
 
