@@ -1,5 +1,7 @@
 """The atomic folder swap that export and the distilled corpus publish through."""
 
+import json
+
 import pytest
 
 from drafters.io_utils import replace_dir, write_json_atomic
@@ -33,5 +35,6 @@ def test_replace_dir_failure_keeps_the_previous_folder(tmp_path):
 
 def test_write_json_atomic_round_trips_without_temporaries(tmp_path):
     write_json_atomic(tmp_path / "a.json", {"é": [1, 2]})
-    assert (tmp_path / "a.json").read_text(encoding="utf-8").startswith("{")
+    write_json_atomic(tmp_path / "a.json", {"é": [3]})  # replaces, never appends
+    assert json.loads((tmp_path / "a.json").read_text(encoding="utf-8")) == {"é": [3]}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
