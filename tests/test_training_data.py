@@ -121,22 +121,22 @@ def test_missing_dataset_says_how_to_make_it(tmp_path, tiny):
         dm.attach(tiny).setup()
 
 
-def test_a_cut_answer_keeps_its_tokens_but_not_its_end_of_turn(tiny):
+def test_a_cut_answer_keeps_its_tokens_and_no_end_of_turn(tiny):
+    tok = tiny.tokenizer
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "cut off her"}]
-    whole = ConversationExamples(
-        [{"key": "a", "messages": msgs, "finish": ["eos"]}], tiny.tokenizer, 256, tiny.eos_token_ids
-    )[0]
-    cut = ConversationExamples(
-        [{"key": "a", "messages": msgs, "finish": ["length"]}],
-        tiny.tokenizer,
-        256,
-        tiny.eos_token_ids,
-    )[0]
-    assert whole.input_ids == cut.input_ids
-    diff = [
-        i for i, (a, b) in enumerate(zip(whole.loss_mask, cut.loss_mask, strict=True)) if a != b
-    ]
-    assert len(diff) == 1 and whole.input_ids[diff[0]] == tiny.tokenizer.eos_token_id
+    body = tok("cut off her", add_special_tokens=False)["input_ids"]
+    rows = {
+        fin: {"key": "a", "messages": msgs, "finish": [fin], "response_ids": [ids]}
+        for fin, ids in (("eos", body + [tok.eos_token_id]), ("length", body))
+    }
+    whole, cut = (
+        ConversationExamples([rows[f]], tok, 256, tiny.eos_token_ids)[0] for f in ("eos", "length")
+    )
+    trained = [t for t, m in zip(cut.input_ids, cut.loss_mask, strict=True) if m]
+    assert trained == body  # the target never said end-of-turn there
+    assert [t for t, m in zip(whole.input_ids, whole.loss_mask, strict=True) if m] == (
+        body + [tok.eos_token_id]
+    )
 
 
 def test_a_small_set_still_holds_out_one_conversation(tiny, tiny_distilled):

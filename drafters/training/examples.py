@@ -1,8 +1,9 @@
 """Training examples from a distilled dataset: tokens, loss masks, length-bucketed batches.
 
-One example = one distilled conversation rendered with the target's chat template
-(`drafters.data.chat.render_conversation`), cut to `max_length` tokens, loss mask on assistant
-tokens. Batches are right-padded; `attention_mask` marks real tokens.
+One example = one distilled conversation: the target's generated ids verbatim as the assistant
+spans, the chat template's tokens around them (`drafters.data.chat.render_conversation`), cut
+to `max_length` tokens, loss mask on assistant tokens. Batches are right-padded;
+`attention_mask` marks real tokens.
 """
 
 from __future__ import annotations
@@ -31,13 +32,9 @@ class ConversationExamples(Dataset):
         self.examples: list[Example] = []
         self.dropped = 0
         for row in rows:
-            r = render_conversation(tokenizer, row["messages"], eos_token_ids)
-            mask = list(r.loss_mask)
-            if row.get("finish") and row["finish"][-1] == "length":
-                # a cut answer: the template closes it with an end-of-turn token the target
-                # never generated there; keep the answer, leave that token out of the loss
-                mask[max(i for i, m in enumerate(mask) if m)] = 0
-            ids, mask = r.input_ids[:max_length], mask[:max_length]
+            # a cut answer has no end-of-turn token in its ids, so none is in the loss
+            r = render_conversation(tokenizer, row["messages"], eos_token_ids, row["response_ids"])
+            ids, mask = r.input_ids[:max_length], r.loss_mask[:max_length]
             if sum(mask) == 0:
                 self.dropped += 1
                 continue
