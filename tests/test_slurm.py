@@ -126,3 +126,32 @@ def test_preemption_signal_checkpoints_requeues_and_resumes(tmp_path, tiny_disti
     assert f"resume {hpc}" in res.stdout
     final = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert final["global_step"] == step + 2
+
+
+def test_distill_vllm_sbatch_gives_each_task_of_each_node_its_own_shard(tmp_path):
+    """Array task 1 of 2, 2 tasks per node: the tasks distil shards 2 and 3 of 4 (the batches
+    b with b % 4 in {2, 3}). Run with the tiny target and the HF engine under the fake srun:
+    the shard arithmetic and the argument passing are what is tested, not vLLM."""
+    import json
+
+    src = tmp_path / "c.jsonl"
+    rows = [
+        {"id": f"c{i}", "conversations": [{"from": "human", "value": f"q{i}"}]} for i in range(8)
+    ]
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "out"
+    env = slurm_env(tmp_path, 2)
+    env.update(SLURM_ARRAY_TASK_ID="1", SLURM_ARRAY_TASK_COUNT="2", OMP_NUM_THREADS="1")
+    over = [
+        "target=tiny", f"source={src}", "split=null", "max_conversations=null",
+        "generation.max_new_tokens=2", "generation.batch_size=1", f"out_dir={out}",
+        f"paths.log_dir={tmp_path / 'logs'}",
+    ]  # fmt: skip
+    res = subprocess.run(
+        ["bash", str(ROOT / "slurm" / "distill_vllm.sbatch"), *over],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    done = sorted(int(p.stem.split("-")[1]) for p in (out / "shards").glob("batch-*.json"))
+    assert done == [2, 3, 6, 7]
+    assert not (out / "dataset").exists()  # an array's merge is a job of its own

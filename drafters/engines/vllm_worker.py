@@ -40,7 +40,20 @@ def _recv() -> dict:
     return json.loads(line)
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the parent dies, so a killed distillation never leaves
+    an engine behind holding the cores (or a GPU)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def main() -> None:
+    _die_with_parent()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # Everything vLLM prints goes to stderr; stdout carries the protocol only.
     sys.stdout = sys.stderr
