@@ -47,15 +47,18 @@ class DistillConfig:
     def conversations_per_batch(self) -> int:
         return self.batch_conversations or self.batch_size
 
-    def fingerprint(self) -> str:
-        """What a resumed run must agree on to reuse the shards of an earlier one (where the
-        vLLM Python lives and how much memory its cache gets change no output)."""
+    def settings(self) -> dict:
+        """What a resumed run must agree on to reuse the batches of an earlier one: everything
+        but where the vLLM Python lives and how much memory its cache gets (no output changes
+        with those), and no vLLM settings at all for the HF engines."""
         payload = {k: v for k, v in self.__dict__.items() if k != "vllm"}
-        runtime = ("python", "kv_cache_gib", "gpu_memory_utilization")
-        payload["vllm"] = {k: v for k, v in self.vllm.items() if k not in runtime}
-        if self.backend != "vllm":
-            payload.pop("vllm")
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        if self.backend == "vllm":
+            runtime = ("python", "kv_cache_gib", "gpu_memory_utilization")
+            payload["vllm"] = {k: v for k, v in self.vllm.items() if k not in runtime}
+        return payload
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.settings(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _request_seed(cfg: DistillConfig, key: str, turn: int) -> int:
@@ -179,7 +182,7 @@ def run_distillation(
         "source": source,
         "split": split,
         "val_fraction": val_fraction,
-        "config": cfg.__dict__,
+        "config": cfg.settings(),
         "config_fingerprint": cfg.fingerprint(),
     }
     manifest_path = out_dir / "manifest.json"

@@ -264,3 +264,17 @@ def test_fast_hf_path_equals_hf_generate_on_the_embedded_target(smollm2):
         requests = [Request(str(i), p) for i, p in enumerate(prompts)]
         engine.run(requests, sampling, lambda r, ids, fin, got=got: got.update({r.id: ids}) or [])
     assert answers["hf"] == answers["hf_fast"] and len(answers["hf"]) == len(prompts)
+
+
+def test_vllm_runtime_settings_do_not_block_a_resume():
+    """Where vLLM's Python lives and its cache size change no output: a resume may differ in
+    them. What changes outputs (eager mode, batch size, the engine) must match."""
+    base = dict(backend="vllm", vllm={"python": "/a", "kv_cache_gib": 2, "enforce_eager": False})
+    a = DistillConfig(**base)
+    b = DistillConfig(
+        backend="vllm", vllm={"python": "/b", "kv_cache_gib": 8, "enforce_eager": False}
+    )
+    assert a.settings() == b.settings() and a.fingerprint() == b.fingerprint()
+    assert DistillConfig(**{**base, "vllm": {"enforce_eager": True}}).settings() != a.settings()
+    assert DistillConfig(**{**base, "batch_size": 64}).fingerprint() != a.fingerprint()
+    assert "vllm" not in DistillConfig(backend="hf_fast", vllm={"python": "/a"}).settings()
