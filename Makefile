@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.drafters-installed
 
-.PHONY: setup setup-vllm demo test lint clean-data results
+.PHONY: setup setup-vllm corpus demo test lint clean-data results
 
 setup: $(STAMP)
 
@@ -59,6 +59,14 @@ demo: setup
 	$(PY) -m drafters.bench --bench mt_bench --per-category 1 --turns 1 --max-new-tokens 64 \
 		--methods hf_greedy ar hf_prompt_lookup --drafter outputs/demo/falcon \
 		--out outputs/demo/bench
+
+# The reference corpus of the embedded target: every ShareGPT training conversation, up to 2
+# user turns, 512 new tokens (every answer that ends, ends well before; the rest loop), vLLM in
+# fp32. Many hours on one core (README: Measured); resumable (re-run the same command). To use the
+# second core too, run shard.index=0 shard.count=2 stage=generate and shard.index=1 beside it.
+corpus: setup setup-vllm
+	$(PY) data/distill.py generation.backend=vllm max_conversations=null \
+		generation.max_new_tokens=512 generation.batch_size=32 generation.batch_conversations=128
 
 # The reference results (docs/results.md): distil, train 5 drafters, export, tune, benchmark,
 # report. Hours on a 2-core CPU; re-running resumes (benchmarks/results.sh says how).
