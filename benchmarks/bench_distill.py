@@ -103,7 +103,7 @@ def label_agreement(reference, prompts, answers) -> tuple[int, int]:
 
 def agreement(args) -> None:
     answers, prompts = {}, None
-    for spec in (args.a, args.b):
+    for spec in (args.b, args.a):  # B first: a vLLM start-up failure shows at once
         target, engine, _ = engine_for(spec, args.batch_size, args.max_new_tokens)
         with engine:
             prompts = prompts or first_turn_prompts(target.tokenizer, args.prompts)

@@ -59,8 +59,9 @@ def engine_kwargs(target: Target, batch_size: int, max_len: int, cfg: dict) -> d
         "tensor_parallel_size": int(cfg.get("tensor_parallel_size", 1)),
         "generation_config": "vllm",  # the model folder's sampling defaults never apply
     }
-    if cfg.get("kv_cache_gib"):
-        kwargs["kv_cache_memory_bytes"] = int(float(cfg["kv_cache_gib"]) * 2**30)
+    kv_gib = cfg.get("kv_cache_gib", 2)  # conf/distill.yaml's default; null on GPUs
+    if kv_gib:  # on the CPU build, a fraction of RAM fails when other processes hold some
+        kwargs["kv_cache_memory_bytes"] = int(float(kv_gib) * 2**30)
     else:
         kwargs["gpu_memory_utilization"] = float(cfg.get("gpu_memory_utilization", 0.9))
     if cfg.get("max_num_batched_tokens"):
@@ -75,8 +76,12 @@ class VLLMEngine(Engine):
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if "VLLM_CPU_OMP_THREADS_BIND" not in env:  # the cores this process may use
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
-        self.log_path = Path(log_path) if log_path else None
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        if log_path is None:  # the engine's log is what explains a failed start: keep it
+            import tempfile
+
+            log_path = Path(tempfile.gettempdir()) / f"drafters-vllm-{os.getpid()}.log"
+        self.log_path = Path(log_path)
+        log = open(self.log_path, "ab")
         self.kwargs = engine_kwargs(target, batch_size, max_len, cfg)
         self.proc = subprocess.Popen(
             [vllm_python(cfg.get("python")), str(WORKER)],
@@ -86,8 +91,7 @@ class VLLMEngine(Engine):
             env=env,
             text=True,
         )
-        if log is not subprocess.DEVNULL:
-            log.close()
+        log.close()
         self._send({"op": "init", "engine": self.kwargs})
         ready = self._recv()["ready"]
         self.info = {
@@ -112,9 +116,9 @@ class VLLMEngine(Engine):
 
     def _died(self):
         self.proc.wait(timeout=30)
-        where = f"; its log: {self.log_path}" if self.log_path else ""
+        where = f"; its log: {self.log_path}"
         tail = ""
-        if self.log_path and self.log_path.is_file():
+        if self.log_path.is_file():
             tail = "\n" + "\n".join(self.log_path.read_text(errors="replace").splitlines()[-15:])
         raise VLLMError(f"the vLLM worker exited with code {self.proc.returncode}{where}{tail}")
 
