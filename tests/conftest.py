@@ -27,6 +27,22 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
+def chatty():
+    """A tiny random target that ends its first answers by "EOS" (a token it emits early is made
+    an end-of-turn token too), so conversations get past their first turn."""
+    import torch
+
+    from drafters.data.chat import render_prompt
+    from drafters.target import tiny_target
+
+    target = tiny_target(seed=0)
+    prompt = render_prompt(target.tokenizer, [{"role": "user", "content": "question 0"}])
+    out = target.model.generate(torch.tensor([prompt]), max_new_tokens=2, do_sample=False)
+    target.model.generation_config.eos_token_id = [target.tokenizer.eos_token_id, int(out[0, -1])]
+    return target
+
+
+@pytest.fixture(scope="session")
 def tiny_distilled(tmp_path_factory, tiny):
     """A distilled dataset made by the tiny target from 24 small local conversations."""
     import json

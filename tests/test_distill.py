@@ -21,22 +21,6 @@ def make_source(path, n=7):
 CFG = DistillConfig(max_new_tokens=6, batch_size=3)
 
 
-@pytest.fixture(scope="module")
-def chatty():
-    """A tiny random target that ends its first answers by "EOS" (a token it emits early is made
-    an end-of-turn token too), so conversations get past their first turn."""
-    import torch
-
-    from drafters.data.chat import render_prompt
-    from drafters.target import tiny_target
-
-    target = tiny_target(seed=0)
-    prompt = render_prompt(target.tokenizer, [{"role": "user", "content": "question 0"}])
-    out = target.model.generate(torch.tensor([prompt]), max_new_tokens=2, do_sample=False)
-    target.model.generation_config.eos_token_id = [target.tokenizer.eos_token_id, int(out[0, -1])]
-    return target
-
-
 def dataset_rows(out):
     ds, meta = load_distilled(out)
     return ds.to_list(), meta

@@ -60,6 +60,17 @@ class Engine:
         self.close()
 
 
+def hf_engine_info(name: str, target) -> dict:
+    """What generated a corpus, for the HF engines: engine, transformers version, dtype."""
+    import transformers
+
+    return {
+        "engine": name,
+        "version": transformers.__version__,
+        "dtype": str(target.dtype).removeprefix("torch."),
+    }
+
+
 def make_engine(
     backend: str, target, batch_size: int, max_len: int, vllm_cfg=None, log_path=None
 ) -> Engine:

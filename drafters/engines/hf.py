@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections import deque
 
 import torch
-import transformers
 
-from drafters.engines import Engine, OnDone, Request, SamplingConfig
+from drafters.engines import Engine, OnDone, Request, SamplingConfig, hf_engine_info
 from drafters.target import Target
 
 
@@ -28,11 +27,7 @@ def cut_at_stop(row: list[int], stop: set[int]) -> tuple[list[int], str]:
 class HFGenerateEngine(Engine):
     def __init__(self, target: Target, batch_size: int):
         self.target, self.batch_size = target, batch_size
-        self.info = {
-            "engine": "hf",
-            "version": transformers.__version__,
-            "dtype": str(target.dtype).removeprefix("torch."),
-        }
+        self.info = hf_engine_info("hf", target)
 
     @torch.no_grad()
     def run(self, requests: list[Request], sampling: SamplingConfig, on_done: OnDone) -> None:

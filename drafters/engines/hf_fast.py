@@ -22,9 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import torch
-import transformers
 
-from drafters.engines import Engine, OnDone, Request, SamplingConfig
+from drafters.engines import Engine, OnDone, Request, SamplingConfig, hf_engine_info
 from drafters.target import Target
 
 
@@ -78,11 +77,7 @@ class _Row:
 class SlotEngine(Engine):
     def __init__(self, target: Target, batch_size: int, max_len: int):
         self.target, self.batch_size, self.max_len = target, batch_size, max_len
-        self.info = {
-            "engine": "hf_fast",
-            "version": transformers.__version__,
-            "dtype": str(target.dtype).removeprefix("torch."),
-        }
+        self.info = hf_engine_info("hf_fast", target)
         self._cache: SlotCache | None = None
 
     def _new_cache(self) -> SlotCache:
