@@ -54,9 +54,9 @@ demo: setup
 		trainer.max_steps=$(DEMO_STEPS) trainer.max_epochs=100 \
 		trainer.val_check_interval=$(DEMO_STEPS) trainer.check_val_every_n_epoch=null \
 		callbacks.checkpoint.every_n_train_steps=$(DEMO_STEPS) optim.warmup_steps=5
-	$(PY) export.py logs/train/demo_falcon/checkpoints/last.ckpt outputs/demo/falcon \
+	$(VENV)/bin/drafters-export logs/train/demo_falcon/checkpoints/last.ckpt outputs/demo/falcon \
 		--tree falcon_k2_32 --force
-	$(PY) -m drafters.bench --bench mt_bench --per-category 1 --turns 1 --max-new-tokens 64 \
+	$(VENV)/bin/drafters-bench --bench mt_bench --per-category 1 --turns 1 --max-new-tokens 64 \
 		--methods hf_greedy ar hf_prompt_lookup --drafter outputs/demo/falcon \
 		--out outputs/demo/bench
 

@@ -6,7 +6,7 @@
 
 Prompts: the first user turns of the first `--prompts` ShareGPT training conversations that
 fit in 1,024 tokens, rendered with the target's chat template (what `data/distill.py` sends).
-An engine is `backend:dtype` (backends of `drafters.engines`; dtype float32 or bfloat16).
+An engine is `backend:dtype` (backends of `drafters.data.engines`; dtype float32 or bfloat16).
 
 speed: generated tokens/s, counting each row's tokens up to and including its end of turn
 (nothing after it), timed after a warm-up; the engine's start-up (vLLM compiles for minutes)
@@ -27,8 +27,8 @@ import time
 import torch
 
 from drafters.data.chat import render_prompt
+from drafters.data.engines import Request, SamplingConfig, make_engine
 from drafters.data.sharegpt import read_conversations
-from drafters.engines import Request, SamplingConfig, make_engine
 from drafters.target import load_target
 
 MAX_PROMPT = 1024

@@ -10,8 +10,8 @@
 #           Cerberus with its learned gate (the gates read the target only, so the heads are the
 #           no-gate and entropy-gate heads too); Falcon k=2 teacher forcing only; Falcon k=2
 #           CSGD; Falcon k=3 CSGD. LANES runs in parallel, one thread each.
-#   export  export.py each run's last checkpoint into outputs/results/drafters/<name>
-#   tune    python -m drafters.tune on held-out ShareGPT (never the evaluation sets): top-k
+#   export  drafters-export each run's last checkpoint into outputs/results/drafters/<name>
+#   tune    drafters-tune on held-out ShareGPT (never the evaluation sets): top-k
 #           accuracies, the tree-size sweep, the HF peers' knobs; re-export with the chosen trees
 #   bench   MT-Bench (80 questions, 2 turns) and a Spec-Bench sample (10 per category),
 #           max_new_tokens 256, every method in one run per table: HF greedy, HF prompt lookup,
@@ -97,7 +97,7 @@ stage_train() {
 export_one() {  # export a run's last checkpoint, with its tuned tree once tune has chosen one
   local tree=$OUT/tune/$1.tree.json
   [ -f "$tree" ] || tree=
-  $PY export.py "$(run_dir "$1")/checkpoints/last.ckpt" "$OUT/drafters/$1" --force \
+  $PY -m drafters.cli export "$(run_dir "$1")/checkpoints/last.ckpt" "$OUT/drafters/$1" --force \
     ${tree:+--tree "$tree"}
 }
 
@@ -127,7 +127,7 @@ tune_one() {  # NAME (a run) or "peers"; skipped when its result is newer than t
   $(tune_cmd "$args") > "$LOG/tune_$name.log" 2>&1
   echo "[results] tune $name: done"
 }
-tune_cmd() { echo "$PY -m drafters.tune $1 --out $OUT/tune --threads 1"; }
+tune_cmd() { echo "$PY -m drafters.cli tune $1 --out $OUT/tune --threads 1"; }
 export -f tune_one tune_cmd
 export OUT
 
@@ -163,7 +163,7 @@ print(f'--prompt-lookup {p[\"prompt_lookup\"]} --early-exit-layer {p[\"early_exi
 TABLES=("mt_bench|--bench mt_bench" "spec_bench|--bench spec_bench --per-category 10")
 
 bench_cmd() {  # TABLE_ARGS OUT_NAME SHARD BENCH_ARGS
-  echo "$PY -m drafters.bench $1 $4 --shard $3/$LANES --out $OUT/bench/$2"
+  echo "$PY -m drafters.cli bench $1 $4 --shard $3/$LANES --out $OUT/bench/$2"
 }
 
 stage_bench() {  # one run per table, LANES shards; resumes from the records under --out
@@ -176,12 +176,12 @@ stage_bench() {  # one run per table, LANES shards; resumes from the records und
       cmds+=("$(bench_cmd "$args" "$name" "$i" "$bargs") >> $LOG/bench_${name}_$i.log 2>&1")
     done
     lanes "${cmds[@]}"
-    $PY -m drafters.bench --merge --out "$OUT/bench/$name"
+    $PY -m drafters.cli bench --merge --out "$OUT/bench/$name"
   done
 }
 
 stage_report() {
-  $PY -m drafters.results_report --results "$OUT" --out docs/results.md
+  $PY benchmarks/results_report.py --results "$OUT" --out docs/results.md
 }
 
 stage_plan() {  # print the train, tune and bench commands (tests check them); runs nothing

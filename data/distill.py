@@ -7,7 +7,7 @@ import hydra
 
 os.environ.setdefault("DRAFTERS_ROOT", str(Path(__file__).resolve().parents[1]))
 
-from drafters.distill import distill  # noqa: E402
+from drafters.data.distillation import distill  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="distill")

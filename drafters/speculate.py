@@ -15,7 +15,8 @@ import torch
 
 from drafters.decoding import DecodeResult, decode_heads, get_tree, measure_cost_ratio
 from drafters.decoding.falcon import decode_falcon
-from drafters.drafter_io import HEAD_KINDS, LoadedDrafter
+from drafters.export import LoadedDrafter
+from drafters.models import HEAD_KINDS
 from drafters.target import Target
 
 

@@ -11,13 +11,13 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from drafters.io_utils import staged_dir
 
 
 class TargetError(RuntimeError):
@@ -155,7 +155,7 @@ class Target:
         return f, (self.lm_head(f) if return_logits else None)
 
 
-def _dtype(name: str | torch.dtype) -> torch.dtype:
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
     try:
@@ -204,7 +204,7 @@ def from_pretrained(
     if device == "meta":
         config = AutoConfig.from_pretrained(name_or_path)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=_dtype(dtype))
+            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
         try:  # generation_config.json holds the eos ids generation stops at
             from transformers import GenerationConfig
 
@@ -213,7 +213,7 @@ def from_pretrained(
             pass
     else:
         model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, dtype=_dtype(dtype), **model_kwargs
+            name_or_path, dtype=torch_dtype(dtype), **model_kwargs
         ).to(device)
     return Target(model, tokenizer, name or name_or_path, path=name_or_path)
 
@@ -249,9 +249,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     if (out_dir / "config.json").is_file():
         return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    try:
+    with staged_dir(out_dir, replace=False) as tmp:
         d, f = str(gguf_path.parent), gguf_path.name
         tokenizer = AutoTokenizer.from_pretrained(d, gguf_file=f)
         model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
@@ -265,13 +263,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         (tmp / "drafters_source.json").write_text(
             json.dumps({"gguf": str(gguf_path), "bytes": gguf_path.stat().st_size})
         )
-        try:
-            os.replace(tmp, out_dir)
-        except OSError:  # another process finished first: keep its copy
-            if not (out_dir / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 
@@ -294,66 +285,6 @@ def from_packaged_gguf(
     )
 
 
-def tiny_tokenizer():
-    """A real byte-level tokenizer (256 bytes + ChatML specials), built locally, for tests."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from drafters.data.chat import CHATML_TEMPLATE
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    vocab = {tok: i for i, tok in enumerate(specials + sorted(alphabet))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|im_end|>",
-        unk_token="<|endoftext|>",
-    )
-    fast.add_special_tokens({"additional_special_tokens": specials})
-    fast.chat_template = CHATML_TEMPLATE
-    return fast
-
-
-def tiny_target(
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    intermediate_size: int = 128,
-    seed: int = 0,
-    dtype: str = "float32",
-    name: str = "tiny-random-llama",
-) -> Target:
-    """A random Llama over `tiny_tokenizer()`, for tests: same code paths as a real target."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tokenizer = tiny_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).to(_dtype(dtype))
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return Target(model, tokenizer, f"{name}-seed{seed}")
-
-
 SMOLLM2_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
@@ -371,6 +302,8 @@ def load_target(
     HF hub id / folder. dtype: None = float32 on the CPU, bfloat16 on CUDA.
     """
     import re
+
+    from drafters.testing import tiny_target
 
     dtype = dtype or ("float32" if str(device).startswith("cpu") else "bfloat16")
     if spec is None:

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from drafters.target import from_packaged_gguf, tiny_target
+from drafters.target import from_packaged_gguf
+from drafters.testing import tiny_target
 
 # Tests run tiny models: with more than one intra-op thread, OpenMP spin-waits cost far more
 # than they gain (50-80x slower seen on a loaded 2-core machine). Subprocess tests set
@@ -33,7 +34,7 @@ def chatty():
     import torch
 
     from drafters.data.chat import render_prompt
-    from drafters.target import tiny_target
+    from drafters.testing import tiny_target
 
     target = tiny_target(seed=0)
     prompt = render_prompt(target.tokenizer, [{"role": "user", "content": "question 0"}])
@@ -47,8 +48,8 @@ def tiny_distilled(tmp_path_factory, tiny):
     """A distilled dataset made by the tiny target from 24 small local conversations."""
     import json
 
-    from drafters.distill import DistillConfig, run_distillation
-    from drafters.distilled import finalize
+    from drafters.data.corpus import finalize
+    from drafters.data.distillation import DistillConfig, run_distillation
 
     root = tmp_path_factory.mktemp("tiny_distilled")
     rows = []

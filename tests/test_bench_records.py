@@ -6,7 +6,7 @@ import multiprocessing as mp
 
 import pytest
 
-from drafters.bench_records import RecordStore, read_records
+from drafters.eval.records import RecordStore, read_records
 
 SETTINGS = {"bench": "mt_bench", "max_new_tokens": 256, "question_ids": [81, 82], "machine": "a"}
 METHODS = {"hf_greedy": {"kind": "hf"}}
@@ -39,7 +39,7 @@ def test_shards_starting_together_all_open_the_same_run(tmp_path):
 def test_a_shard_with_other_settings_is_refused_by_name(tmp_path):
     RecordStore(tmp_path, SETTINGS, METHODS)
     RecordStore(tmp_path, {**SETTINGS, "machine": "b"}, METHODS)  # volatile: may differ
-    with pytest.raises(SystemExit, match="max_new_tokens"):
+    with pytest.raises(ValueError, match="max_new_tokens"):
         RecordStore(tmp_path, {**SETTINGS, "max_new_tokens": 128}, METHODS)
 
 

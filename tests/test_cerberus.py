@@ -21,7 +21,7 @@ def _randomised(cfg, seed=0):
 
 
 def _reference(heads: CerberusHeads, f: torch.Tensor) -> torch.Tensor:
-    """methods.md section 3, one head at a time in a Python loop."""
+    """docs/design.md section 3, one head at a time in a Python loop."""
     K = heads.num_heads
     u = [f] * K
     for layer in heads.layers:

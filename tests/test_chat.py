@@ -78,9 +78,9 @@ def test_template_without_end_of_turn_is_refused(tiny):
 def test_training_spans_are_the_ids_the_target_generated(which, chatty, smollm2):
     """Distil two 2-turn conversations for real, then build the training examples: every
     assistant span is the generated ids, the first span follows the exact distillation prompt."""
+    from drafters.data.distillation import DistillConfig, generate_turns
+    from drafters.data.engines import make_engine
     from drafters.data.sharegpt import Conversation
-    from drafters.distill import DistillConfig, generate_turns
-    from drafters.engines import make_engine
 
     # the tiny target: a random model rarely says end-of-turn, so its first answers are made to end
     target = chatty if which == "tiny" else smollm2

@@ -7,7 +7,8 @@ import torch
 from transformers import LlamaForCausalLM
 
 from drafters.decoding import decode_ar
-from drafters.target import Target, tiny_target
+from drafters.target import Target
+from drafters.testing import tiny_target
 
 PROMPTS = ["The quick brown fox", "def f(x):"]
 

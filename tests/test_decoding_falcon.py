@@ -8,7 +8,7 @@ from test_decoding_ar import greedy, make_target, reference
 
 from drafters.decoding import DrafterContext, build_falcon_tree, decode_falcon
 from drafters.models import FalconConfig, FalconDrafter
-from drafters.target import tiny_target
+from drafters.testing import tiny_target
 
 PROMPTS = ["The quick brown fox", "Hello, how are you?"]
 

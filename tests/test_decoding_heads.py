@@ -9,7 +9,8 @@ from test_decoding_ar import greedy, make_target, reference
 from torch import nn
 
 from drafters.decoding import build_tree, decode_heads, get_tree, measure_cost_ratio
-from drafters.target import Target, tiny_target
+from drafters.target import Target
+from drafters.testing import tiny_target
 
 K = 4  # heads
 PROMPTS = ["The quick brown fox", "Hello, how are you?"]

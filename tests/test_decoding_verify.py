@@ -6,7 +6,7 @@ import torch
 from drafters.decoding.cache import keep_kv, new_cache, target_forward
 from drafters.decoding.tree import TreeLayout, get_tree
 from drafters.decoding.verify import tree_attention_mask, verify_tree
-from drafters.target import tiny_target
+from drafters.testing import tiny_target
 
 PROMPT = "The quick brown fox"
 

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-import drafters.distill as D
-from drafters.distill import DistillConfig
-from drafters.distilled import DistillResumeError, finalize, load_distilled
+import drafters.data.distillation as D
+from drafters.data.corpus import DistillResumeError, finalize, load_distilled
+from drafters.data.distillation import DistillConfig
 
 
 def make_source(path, n=7):
@@ -153,7 +153,7 @@ def test_generation_stops_a_conversation_at_its_first_length_cut(tiny):
 
 
 def test_dataset_for_another_target_is_refused(tmp_path, tiny):
-    from drafters.target import tiny_target
+    from drafters.testing import tiny_target
 
     src = make_source(tmp_path / "c.jsonl", n=1)
     D.run_distillation(tiny, src, tmp_path / "out", CFG, split=None)
@@ -233,8 +233,8 @@ def test_fast_hf_path_equals_hf_generate_on_the_embedded_target(smollm2):
     the two differed on these prompts; each row's rounding depends on its batch's shape.)"""
 
     from drafters.data.chat import render_prompt
+    from drafters.data.engines import Request, SamplingConfig, make_engine
     from drafters.data.sharegpt import read_conversations
-    from drafters.engines import Request, SamplingConfig, make_engine
 
     target = smollm2
     convs = list(read_conversations("sharegpt-package", split="train", limit=12))
@@ -262,3 +262,13 @@ def test_vllm_runtime_settings_do_not_block_a_resume():
     assert DistillConfig(**{**base, "vllm": {"enforce_eager": True}}).settings() != a.settings()
     assert DistillConfig(**{**base, "batch_size": 64}).fingerprint() != a.fingerprint()
     assert "vllm" not in DistillConfig(backend="hf_fast", vllm={"python": "/a"}).settings()
+
+
+def test_the_config_file_and_the_dataclass_agree_on_every_default():
+    from dataclasses import asdict
+
+    from omegaconf import OmegaConf
+    from train_helpers import ROOT
+
+    yaml = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/distill.yaml").generation)
+    assert yaml == asdict(DistillConfig())

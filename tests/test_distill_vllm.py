@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from drafters.distilled import load_distilled
+from drafters.data.corpus import load_distilled
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 @pytest.fixture(scope="module", autouse=True)
 def needs_vllm():
-    from drafters.engines.vllm_client import VLLMError, vllm_python
+    from drafters.data.engines.vllm_client import VLLMError, vllm_python
 
     try:
         vllm_python()

@@ -2,8 +2,8 @@
 
 import pytest
 
-from drafters.engines import make_engine
-from drafters.engines.vllm_client import VLLMError, engine_kwargs, vllm_python
+from drafters.data.engines import make_engine
+from drafters.data.engines.vllm_client import VLLMError, engine_kwargs, vllm_python
 
 
 def test_vllm_arguments_for_the_cpu_and_for_gpus(tiny):

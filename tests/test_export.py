@@ -1,7 +1,6 @@
 """Export: checkpoint -> drafter folder -> `load_drafter`; same outputs, refusals, atomicity, and
 lossless speculative decoding with every exported drafter on the tiny target."""
 
-import importlib.util
 import json
 import math
 import shutil
@@ -10,11 +9,10 @@ import sys
 
 import pytest
 import torch
-from train_helpers import ROOT
 
-from drafters.drafter_io import DrafterMismatchError, ExportError, load_drafter
-from drafters.export import export_checkpoint
-from drafters.target import tiny_target
+from drafters.export.format import DrafterMismatchError, ExportError, load_drafter
+from drafters.export.from_checkpoint import export_checkpoint
+from drafters.testing import tiny_target
 
 KINDS = ["medusa", "cerberus", "falcon"]
 
@@ -173,7 +171,8 @@ def test_truncated_checkpoint_is_refused(tmp_path, tiny_checkpoints):
 
 
 def test_interrupted_export_leaves_no_loadable_folder(tmp_path, tiny_checkpoints, monkeypatch):
-    import drafters.export as E
+    import drafters.export.from_checkpoint as E
+    import drafters.io_utils as io
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt  # e.g. Ctrl-C while config.json is being written
@@ -185,7 +184,7 @@ def test_interrupted_export_leaves_no_loadable_folder(tmp_path, tiny_checkpoints
     assert list(parent.iterdir()) == []  # neither the folder nor a leftover temporary one
 
     # a hard kill skips the clean-up: the half-written temporary folder must not load
-    monkeypatch.setattr(E.shutil, "rmtree", lambda *a, **k: None)
+    monkeypatch.setattr(io.shutil, "rmtree", lambda *a, **k: None)
     with pytest.raises(KeyboardInterrupt):
         export_checkpoint(tiny_checkpoints["medusa"], parent / "medusa")
     (partial,) = parent.iterdir()
@@ -256,17 +255,18 @@ def test_falcon_trees(tmp_path, tiny_checkpoints):
 
 
 def test_export_command(tmp_path, tiny_checkpoints, capsys):
-    spec = importlib.util.spec_from_file_location("export_cli", ROOT / "export.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    from drafters.cli import export_main as main
+    from drafters.cli import run
+
     out = tmp_path / "exp"
-    assert cli.main([str(tiny_checkpoints["cerberus"]), str(out), "--dtype", "float16"]) == 0
+    assert run(main, [str(tiny_checkpoints["cerberus"]), str(out), "--dtype", "float16"]) == 0
     assert "cerberus drafter" in capsys.readouterr().out
     assert load_drafter(out).config["weights"]["dtype"] == "float16"
-    assert cli.main([str(tiny_checkpoints["cerberus"]), str(out)]) == 1  # exists, no --force
-    assert "exists" in capsys.readouterr().err
-    assert cli.main([str(tiny_checkpoints["medusa"]), str(out), "--tree", "[[0], [0, 0]]",
-                     "--force"]) == 0  # fmt: skip
+    assert run(main, [str(tiny_checkpoints["cerberus"]), str(out)]) == 1  # exists, no --force
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "exists" in err and err.count("\n") == 1
+    assert run(main, [str(tiny_checkpoints["medusa"]), str(out), "--tree", "[[0], [0, 0]]",
+                      "--force"]) == 0  # fmt: skip
     assert len(load_drafter(out).tree) == 2
 
 

@@ -5,7 +5,7 @@ from torch import nn
 
 from drafters.losses import add_feature_noise, falcon_loss, heads_loss, span_valid
 from drafters.models import CerberusConfig, CerberusHeads, MedusaConfig, MedusaHeads
-from drafters.target import tiny_target
+from drafters.testing import tiny_target
 
 V = 32
 

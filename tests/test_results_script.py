@@ -14,7 +14,7 @@ import sys
 import pytest
 from train_helpers import ROOT, compose_config
 
-from drafters import bench, tune
+from drafters.cli import bench_args, tune_args
 
 RUNS = ["medusa", "cerberus", "falcon_k2_tf", "falcon_k2", "falcon_k3"]
 PEERS = {"prompt_lookup": 3, "early_exit_layer": 3, "early_exit_tokens": 20}
@@ -67,18 +67,18 @@ def test_every_run_composes_with_one_training_budget(commands):
 def test_tune_and_bench_commands_parse(commands, tmp_path):
     for name in [*RUNS, "peers"]:
         argv = commands[f"tune {name}"]
-        assert argv[:2] == ["-m", "drafters.tune"]
-        tune.parse_args(argv[2:])
+        assert argv[:3] == ["-m", "drafters.cli", "tune"]
+        tune_args(argv[3:])
     for table in ("mt_bench", "spec_bench"):
         argv = commands[f"bench {table}"]
-        assert argv[:2] == ["-m", "drafters.bench"]
-        args = bench.parse_args(argv[2:])
+        assert argv[:3] == ["-m", "drafters.cli", "bench"]
+        args = bench_args(argv[3:])
         assert (args.bench, args.max_new_tokens, args.turns) == (table, 256, 2)
         assert (args.prompt_lookup, args.early_exit_layer, args.early_exit_tokens) == (3, 3, 20)
         names = [d.split("@")[0].rsplit("/", 1)[1] for d in args.drafter]
         assert names == RUNS
         assert args.drafter[1].endswith("@none,entropy,learned")
-    assert bench.parse_args(commands["bench spec_bench"][2:]).per_category == 10
+    assert bench_args(commands["bench spec_bench"][3:]).per_category == 10
 
 
 def test_bench_refuses_to_start_without_tuned_peers(tmp_path):

@@ -8,8 +8,8 @@ from drafters.target import (
     convert_gguf,
     from_pretrained,
     packaged_file,
-    tiny_target,
 )
+from drafters.testing import tiny_target
 
 
 def test_features_are_post_norm_and_padding_invariant(tiny):

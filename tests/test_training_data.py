@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from drafters.target import tiny_target
+from drafters.testing import tiny_target
 from drafters.training.datamodule import DistilledDataModule
 from drafters.training.examples import ConversationExamples, LengthBucketBatchSampler
 from drafters.training.feature_cache import (
@@ -12,7 +12,7 @@ from drafters.training.feature_cache import (
 
 
 def examples_of(target, dataset_dir, max_length=64):
-    from drafters.distilled import load_distilled
+    from drafters.data.corpus import load_distilled
 
     ds, _ = load_distilled(dataset_dir, target.identity)
     return ConversationExamples(ds.to_list(), target.tokenizer, max_length, target.eos_token_ids)

@@ -1,15 +1,14 @@
-"""`python -m drafters.tune` on the tiny target: held-out top-k accuracies, the tree-size sweep on
-ShareGPT validation prompts, the chosen tree as `export.py --tree` input, the HF peers' knobs."""
+"""`drafters-tune` on the tiny target: held-out top-k accuracies, the tree-size sweep on ShareGPT
+validation prompts, the chosen tree as `drafters-export --tree` input, the HF peers' knobs."""
 
 import json
 
 import pytest
 
-from drafters.drafter_io import load_drafter
-from drafters.export import export_checkpoint
+from drafters.cli import tune_main
+from drafters.export import export_checkpoint, load_drafter
 from drafters.training.datamodule import DistilledDataModule
 from drafters.training.feature_cache import build_feature_cache
-from drafters.tune import main as tune_main
 
 
 @pytest.fixture(scope="module")

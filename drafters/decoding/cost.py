@@ -1,7 +1,7 @@
 """c_tree / c_ar measured on the running machine: the gate's threshold is c_tree / c_ar - 1.
 
 A tree step costs c_tree and yields 1 + a tokens, an AR step costs c_ar and yields 1, so a tree
-step pays off iff E[a] > c_tree / c_ar - 1 (methods.md section 3). The ratio depends on the
+step pays off iff E[a] > c_tree / c_ar - 1 (docs/design.md section 3). The ratio depends on the
 target, the tree, the context length, the device and its load, hence measured, not tuned.
 """
 

@@ -1,5 +1,5 @@
-"""Falcon decoding (methods.md sections 4-5): the drafter's custom-designed tree, verified by the
-target in one forward; greedy, batch 1, lossless for any drafter weights.
+"""Falcon decoding (docs/design.md sections 4-5): the drafter's custom-designed tree, verified
+by the target in one forward; greedy, batch 1, lossless for any drafter weights.
 
 Alignment. Drafter position j reads (f_j, t_{j+1}) and outputs a guess of f_{j+k}, whose LM-head
 argmax guesses t_{j+k+1}. With committed tokens t_0 .. t_N (t_N the root: emitted, not yet in

@@ -1,4 +1,4 @@
-"""Falcon's custom-designed tree (methods.md section 5): the tree spec, its presets, a builder,
+"""Falcon's custom-designed tree (docs/design.md section 5): the tree spec, its presets, a builder,
 and `FalconPlan`, what each drafter pass of a decoding step feeds and fills.
 
 A Falcon tree is a list of rank paths, exactly like a static tree (`Tree`, so it is plain

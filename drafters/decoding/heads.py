@@ -2,7 +2,7 @@
 
 One step, from the last committed position j (its feature f_j and target logits p_j; the root
 token t_{j+1} = argmax p_j is emitted but not yet in the cache):
-  gate: speculate iff E[a] > c_tree / c_ar - 1 (methods.md section 3), else one AR step.
+  gate: speculate iff E[a] > c_tree / c_ar - 1 (docs/design.md section 3), else one AR step.
   tree step: heads(f_j) -> per-head top-k; node tokens from the tree's ranks; one verification
     forward; emit the accepted draft tokens and the bonus token; the last accepted position
     gives the next f and logits.

@@ -1,6 +1,6 @@
 """What every decoder returns (`DecodeResult`) and the bookkeeping they share (`Generation`).
 
-Counting (methods.md section 6): the prefill emits the first new token; every verification
+Counting (docs/design.md section 6): the prefill emits the first new token; every verification
 forward (a tree step or a 1-token AR step; the prefill is not one) emits its accepted draft tokens
 plus one bonus token, fewer only when EOS or max_new_tokens ends generation inside that step. So
     tau   = (new_tokens - 1) / verify_forwards   (bonus included; plain AR decoding has tau = 1)

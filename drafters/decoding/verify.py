@@ -2,7 +2,7 @@
 
 Works for any tree given as node tokens + a `TreeLayout` (parents in topological order), so a
 static Medusa tree and a tree built afresh each step (Falcon) share it. The forward is the stock
-HF decoder on the `DynamicCache` (methods.md section 9): node i has position id past_len +
+HF decoder on the `DynamicCache` (docs/design.md section 9): node i has position id past_len +
 depth[i] and attends to the whole prefix, itself and its ancestors (a 4D additive float mask).
 """
 

@@ -1,4 +1,4 @@
-"""Coupled Sequential Glancing Distillation (methods.md section 4), batched, any padding.
+"""Coupled Sequential Glancing Distillation (docs/design.md section 4), batched, any padding.
 
 At decoding time only the first drafter pass reads true target pairs; later passes read the
 drafter's own predicted (feature, token) pairs. CSGD trains on such inputs:

@@ -1,4 +1,4 @@
-"""Falcon loss (methods.md section 4) and the input-feature noise.
+"""Falcon loss (docs/design.md section 4) and the input-feature noise.
 
 Per valid position j (labels f_{j+k} and t_{j+k+1}; valid iff loss_mask[j+k] and
 loss_mask[j+k+1], see `labels.py`):

@@ -26,6 +26,9 @@ DRAFTERS: dict[str, tuple[type, type[nn.Module]]] = {
     "cerberus": (CerberusConfig, CerberusHeads),
     "falcon": (FalconConfig, FalconDrafter),
 }
+# Drafters made of per-depth heads: trained with the head loss, decoded on a static tree,
+# optionally behind a gate. The other kind, Falcon, drafts k tokens per forward.
+HEAD_KINDS = ("medusa", "cerberus")
 
 
 def build_drafter(kind: str, cfg_dict: dict) -> nn.Module:

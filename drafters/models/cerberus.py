@@ -1,4 +1,4 @@
-"""Cerberus heads (methods.md section 3): sequential knowledge between heads, parallel execution.
+"""Cerberus heads (docs/design.md section 3): sequential knowledge between heads, run in parallel.
 
     u_i^(0) = f_t                                               for all heads i
     u_i^(l) = P_i^(l) x + SiLU(W_i^(l) x + b_i^(l)),  x = [u_i^(l-1) ; u_{i-1}^(l-1)],  u_{-1} = f_t

@@ -1,4 +1,4 @@
-"""Falcon drafter (methods.md section 4): semi-autoregressive, k tokens per forward.
+"""Falcon drafter (docs/design.md section 4): semi-autoregressive, k tokens per forward.
 
 Position j reads the pair (f_j, emb(t_{j+1})), fuses it 2d -> d (Linear as EAGLE, or an LSTM
 with a real recurrence over T), runs two Llama decoder layers under the relaxed mask and outputs

@@ -1,4 +1,4 @@
-"""Cerberus gates (methods.md section 3): predict the accepted length E[a] of a speculation step.
+"""Cerberus gates (docs/design.md section 3): predict the accepted length E[a] of a tree step.
 
 Both gates read the target's current step: its post-norm feature f_t and its logits p_t (already
 computed by the last forward). They return E[a], the expected number of accepted draft tokens

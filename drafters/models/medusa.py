@@ -1,4 +1,4 @@
-"""Medusa heads (methods.md section 2): K independent stacks of zero-initialised ResBlocks.
+"""Medusa heads (docs/design.md section 2): K independent stacks of zero-initialised ResBlocks.
 
 Head i (0-based) reads the target's post-norm feature f_t and predicts token t+2+i; the target's
 own LM head already predicts t+1. Each head is L ResBlocks `x + SiLU(W x + b)` followed by an LM

@@ -12,8 +12,8 @@ from pathlib import Path
 import lightning as L
 from torch.utils.data import DataLoader
 
+from drafters.data.corpus import load_distilled
 from drafters.data.sharegpt import split_bucket, split_of
-from drafters.distilled import load_distilled
 from drafters.target import Target
 from drafters.training.examples import ConversationExamples, LengthBucketBatchSampler, collate
 from drafters.training.feature_cache import FeatureCache

@@ -16,7 +16,6 @@ for another target, tokenizer or data is refused with an error naming both.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from drafters.io_utils import atomic_file, write_json_atomic
 from drafters.target import Target
 from drafters.training.examples import ConversationExamples, collate
 
@@ -102,17 +102,16 @@ def build_feature_cache(
             if dtype == "bfloat16"
             else (stacked.numpy())
         )
-        tmp = folder / f".shard-{s:06d}.tmp.npy"
-        np.save(tmp, arr)
-        os.replace(tmp, npy)
+        with atomic_file(npy) as tmp:
+            np.save(tmp, arr)
         entries = [[examples[i].key, len(examples[i].input_ids)] for i in range(lo, hi)]
-        idx.with_suffix(".tmp").write_text(json.dumps(entries))
-        os.replace(idx.with_suffix(".tmp"), idx)
+        with atomic_file(idx) as tmp:
+            tmp.write_text(json.dumps(entries))
         bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - t0):.0f}")
     bar.close()
     size = sum(p.stat().st_size for p in folder.glob("shard-*.npy"))
     meta["bytes_per_token"] = round(size / max(1, examples.num_tokens), 1)
-    meta_path.write_text(json.dumps(meta, indent=1))
+    write_json_atomic(meta_path, meta)
     return meta
 
 

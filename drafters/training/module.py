@@ -15,11 +15,16 @@ import torch
 
 from drafters.losses import csgd_lambda, csgd_step, heads_loss
 from drafters.losses.heads import head_labels
-from drafters.models import EntropyGate, LearnedGate, LearnedGateConfig, build_drafter
+from drafters.models import (
+    HEAD_KINDS,
+    EntropyGate,
+    LearnedGate,
+    LearnedGateConfig,
+    build_drafter,
+)
 from drafters.models.gate import entropy, gate_labels
 from drafters.target import Target
 
-HEAD_KINDS = ("medusa", "cerberus")
 FALCON_DECODE_PASSES = 4  # drafter passes per step assumed by val/accept_len_est (paper: m=4)
 
 

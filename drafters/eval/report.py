@@ -1,6 +1,6 @@
 """Benchmark reports: the summary table (per method and category), JSON, markdown and plots.
 
-Definitions (methods.md section 6), over the questions of one category (or all of them):
+Definitions (docs/design.md section 6), over the questions of one category (or all of them):
     tau       = sum over turns (new_tokens - 1) / sum verification forwards (prefill excluded,
                 bonus included), pooled; None for methods whose forwards are not counted (HF)
     alpha     = sum accepted draft tokens / sum new tokens
@@ -61,7 +61,8 @@ def summarize(records: list[dict], methods: list[str], baseline: str) -> list[di
     return rows
 
 
-def _fmt(x, spec: str) -> str:
+def fmt(x, spec: str = ".2f") -> str:
+    """A number for a table; "-" for a missing one (None, NaN)."""
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
@@ -86,9 +87,9 @@ def markdown(rows: list[dict], settings: dict) -> str:
                 f"{'yes' if r['lossless'] else 'NO'} ({r['lossless_prompts']}/{r['prompts']})"
             )
         lines.append(
-            f"| {r['method']} | {r['category']} | {r['prompts']} | {_fmt(r['tau'], '.2f')} | "
-            f"{_fmt(r['alpha'], '.2f')} | {_fmt(r['tokens_per_s'], '.1f')} | "
-            f"{_fmt(r['speedup'], '.2f')}x | {lossless} |"
+            f"| {r['method']} | {r['category']} | {r['prompts']} | {fmt(r['tau'], '.2f')} | "
+            f"{fmt(r['alpha'], '.2f')} | {fmt(r['tokens_per_s'], '.1f')} | "
+            f"{fmt(r['speedup'], '.2f')}x | {lossless} |"
         )
     return "\n".join(lines)
 
@@ -109,8 +110,8 @@ def category_grid(rows: list[dict]) -> str:
             if r is None:
                 cells.append("")
                 continue
-            tau = f" ({_fmt(r['tau'], '.2f')})" if r["tau"] is not None else ""
-            cells.append(f"{_fmt(r['speedup'], '.2f')}x{tau}")
+            tau = f" ({fmt(r['tau'], '.2f')})" if r["tau"] is not None else ""
+            cells.append(f"{fmt(r['speedup'], '.2f')}x{tau}")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -40,14 +40,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from drafters.models import DRAFTERS, EntropyGate, LearnedGate, LearnedGateConfig, build_drafter
+from drafters.models import (
+    DRAFTERS,
+    HEAD_KINDS,
+    EntropyGate,
+    LearnedGate,
+    LearnedGateConfig,
+    build_drafter,
+)
 from drafters.target import Target
 
 FORMAT = "drafters.drafter"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-HEAD_KINDS = ("medusa", "cerberus")
 GATES = ("entropy", "learned")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Default trees, as the papers: Medusa's 63-node tree (cut to the drafter's number of heads) for
@@ -167,16 +173,6 @@ def _entropy_gate_from(table: dict) -> EntropyGate:
     return gate
 
 
-def falcon_tree_module():
-    try:
-        from drafters.decoding import falcon_tree
-    except ModuleNotFoundError as e:  # the Falcon decoder is not in this checkout
-        if e.name != "drafters.decoding.falcon_tree":
-            raise
-        return None
-    return falcon_tree
-
-
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -197,7 +193,7 @@ def read_config(folder: str | Path) -> dict:
     if not path.is_file():
         raise ExportError(
             f"{folder}: no {CONFIG_FILE}: not an exported drafter, or an interrupted export "
-            "(export again with `python export.py`)"
+            "(export again with `drafters-export`)"
         )
     try:
         config = json.loads(path.read_text())
@@ -278,6 +274,7 @@ def load_drafter(
 
 
 def _attach_gates_and_tree(loaded: LoadedDrafter, gate_state: dict, wpath: Path) -> None:
+    from drafters.decoding.falcon_tree import get_falcon_tree
     from drafters.decoding.tree import get_tree
 
     config, where = loaded.config, loaded.folder / CONFIG_FILE
@@ -304,6 +301,5 @@ def _attach_gates_and_tree(loaded: LoadedDrafter, gate_state: dict, wpath: Path)
             )
     else:
         loaded.tree = spec if spec is not None else config["tree"].get("name")
-        ft = falcon_tree_module()
-        if ft is not None and loaded.tree is not None:
-            loaded.tree = ft.get_falcon_tree(loaded.tree, loaded.model.cfg.k)
+        if loaded.tree is not None:
+            loaded.tree = get_falcon_tree(loaded.tree, loaded.model.cfg.k)

@@ -1,7 +1,7 @@
 """Tune what the decoder exposes, on held-out ShareGPT data (never on the evaluation sets).
 
-    python -m drafters.tune --drafter outputs/results/drafters/falcon_k2 --out outputs/results/tune
-    python -m drafters.tune --peers --out outputs/results/tune        # HF peers' knobs
+    drafters-tune --drafter outputs/results/drafters/falcon_k2 --out outputs/results/tune
+    drafters-tune --peers --out outputs/results/tune        # HF peers' knobs
 
 Per drafter:
 1. Top-k accuracy per depth on the held-out conversations of the distilled corpus (the training
@@ -16,7 +16,7 @@ Per drafter:
    --max-new-tokens each; tokens/s pooled over prompts. Every candidate's output must equal the AR
    loop's (lossless), else the sweep stops.
 The fastest candidate is chosen: <out>/<name>.json holds the accuracies, the sweep and the choice;
-<out>/<name>.tree.json is the `export.py --tree` input that rebuilds the chosen tree.
+<out>/<name>.tree.json is the `drafters-export --tree` input that rebuilds the chosen tree.
 The gates need no tuning here: they speculate iff E[a] > c_tree / c_ar - 1 with the cost ratio
 measured on the running machine before each turn, and the entropy gate's E[a] table is fitted on
 the same held-out conversations at the end of training.
@@ -28,16 +28,12 @@ same way and writes <out>/peers.json with the fastest of each.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 # ---- held-out accuracies ------------------------------------------------------------------------
 
@@ -100,7 +96,7 @@ def topk_accuracy(drafter, target, batches: list[dict], topk: int) -> tuple[list
 
 
 def tree_input(drafter, acc: list[list[float]], num_nodes: int) -> dict:
-    """The `export.py --tree` JSON that builds this drafter's tree of num_nodes from acc."""
+    """The `drafters-export --tree` JSON that builds this drafter's tree of num_nodes from acc."""
     if drafter.kind == "falcon":
         k = drafter.model.cfg.k
         depth = 3 * k  # three passes at most; the per-offset rows repeat for every pass
@@ -181,8 +177,8 @@ def sweep(target, prompts: list[dict], methods: list, max_new_tokens: int) -> di
 
 
 def tune_drafter(args, target, folder: str, prompts: list[dict], batches: list[dict]) -> dict:
-    from drafters.bench import ar_method, drafter_method
-    from drafters.drafter_io import load_drafter
+    from drafters.eval.bench import ar_method, drafter_method
+    from drafters.export import load_drafter
 
     drafter = load_drafter(folder, target)
     acc, positions = topk_accuracy(drafter, target, batches, args.topk)
@@ -210,7 +206,7 @@ def tune_drafter(args, target, folder: str, prompts: list[dict], batches: list[d
 
 
 def tune_peers(args, target, prompts: list[dict]) -> dict:
-    from drafters.bench import ar_method, hf_method
+    from drafters.eval.bench import ar_method, hf_method
 
     layers = target.config.num_hidden_layers
     methods = [ar_method(target), hf_method(target, "hf_greedy")]
@@ -237,43 +233,20 @@ def tune_peers(args, target, prompts: list[dict]) -> dict:
     return result
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m drafters.tune", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--drafter", action="append", default=[], help="exported drafter folder")
-    p.add_argument("--peers", action="store_true", help="sweep the HF peers' knobs")
-    p.add_argument("--out", required=True)
-    p.add_argument("--target", default=None, help="default: the drafters' target")
-    p.add_argument("--sizes", type=int, nargs="+", default=[3, 5, 8, 16], help="tree nodes")
-    p.add_argument("--topk", type=int, default=10)
-    p.add_argument("--prompts", type=int, default=4, help="ShareGPT validation prompts")
-    p.add_argument("--max-prompt-tokens", type=int, default=384)
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--prompt-lookup", type=int, nargs="+", default=[3, 5, 10])
-    p.add_argument("--early-exit-fractions", type=float, nargs="+", default=[0.1, 0.2, 0.33])
-    p.add_argument("--early-exit-tokens", type=int, nargs="+", default=[3, 20],
-                   help="num_assistant_tokens (HF's default: 20)")  # fmt: skip
-    p.add_argument("--dataset-dir", default=str(ROOT / "data/distilled/smollm2_135m/train"))
-    p.add_argument("--cache-dir", default=str(ROOT / "data/features/smollm2_135m"))
-    p.add_argument("--max-length", type=int, default=512, help="as the training runs")
-    p.add_argument("--val-fraction", type=float, default=0.05, help="as the training runs")
-    p.add_argument("--sharegpt-val-fraction", type=float, default=0.02, help="as distillation")
-    p.add_argument("--threads", type=int, default=None)
-    return p.parse_args(argv)
-
-
-def main(argv=None) -> int:
-    from drafters.drafter_io import read_config
+def tune(args) -> None:
+    """Tune every --drafter and, with --peers, the HF peers (the options of `drafters-tune`)."""
+    from drafters.export import load_drafter, read_config
     from drafters.target import load_target
 
-    args = parse_args(argv)
     if not args.drafter and not args.peers:
-        raise SystemExit("nothing to tune: give --drafter FOLDER and/or --peers")
+        raise ValueError("nothing to tune: give --drafter FOLDER and/or --peers")
     if args.threads:
         torch.set_num_threads(args.threads)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     identity = read_config(args.drafter[0])["target"] if args.drafter else None
     target = load_target(args.target, identity)
+    for folder in args.drafter:  # a corrupt or mismatched drafter fails now, not after the sweep
+        load_drafter(folder, target)
     t0 = time.perf_counter()
     prompts = validation_prompts(target.tokenizer, args.prompts, args.max_prompt_tokens,
                                  args.sharegpt_val_fraction)  # fmt: skip
@@ -285,8 +258,3 @@ def main(argv=None) -> int:
         for folder in args.drafter:
             tune_drafter(args, target, folder, prompts, batches)
     print(f"[tune] done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

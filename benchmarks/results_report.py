@@ -3,7 +3,7 @@ benchmark records). Only the blocks between `<!-- generated:NAME -->` and `<!-- 
 are rewritten; the written analysis around them stays. A benchmark still running (records for
 fewer questions than the run has) is reported as such, with the questions it covers.
 
-    python -m drafters.results_report --results outputs/results --out docs/results.md
+    python benchmarks/results_report.py --results outputs/results --out docs/results.md
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import sys
 from pathlib import Path
 from statistics import mean
 
-from drafters.bench_records import BASELINE, merge, read_records
-from drafters.bench_report import (
+from drafters.eval.records import BASELINE, merge, read_records
+from drafters.eval.report import (
     category_grid,
+    fmt,
     markdown,
     plot_accept_lengths,
     plot_speedup,
@@ -35,10 +36,6 @@ RUN_TEXT = {
     "falcon_k2": "Falcon k=2, CSGD",
     "falcon_k3": "Falcon k=3, CSGD",
 }
-
-
-def fmt(x, spec: str = ".2f") -> str:
-    return "-" if x is None else format(x, spec)
 
 
 # ---- inputs -------------------------------------------------------------------------------------
@@ -333,7 +330,7 @@ def _cpu_name() -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m drafters.results_report", description=__doc__)
+    p = argparse.ArgumentParser(prog="benchmarks/results_report.py", description=__doc__)
     p.add_argument("--results", default="outputs/results")
     p.add_argument("--out", default="docs/results.md")
     p.add_argument("--logs", default=str(ROOT / "logs/train"))

@@ -1,4 +1,4 @@
-"""Export a trained drafter (Lightning checkpoint) to a self-contained folder (`drafter_io`).
+"""Export a trained drafter (Lightning checkpoint) to a self-contained folder (`format.py`).
 
     export_checkpoint("logs/train/cerberus_smollm2/checkpoints/last.ckpt", "exported/cerberus")
 
@@ -15,14 +15,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from drafters.drafter_io import (
+from drafters.export.format import (
     CONFIG_FILE,
     DEFAULT_FALCON_TREE,
     DEFAULT_HEAD_TREE,
@@ -30,34 +28,16 @@ from drafters.drafter_io import (
     FORMAT,
     FORMAT_VERSION,
     GATES,
-    HEAD_KINDS,
     WEIGHTS_FILE,
-    DrafterMismatchError,
     ExportError,
-    LoadedDrafter,
     build_model,
-    falcon_tree_module,
     load_drafter,
     load_state_strict,
-    read_config,
     sha256_file,
 )
-from drafters.io_utils import replace_dir
-from drafters.models import DRAFTERS, EntropyGate, LearnedGate, LearnedGateConfig
+from drafters.io_utils import staged_dir
+from drafters.models import DRAFTERS, HEAD_KINDS, EntropyGate, LearnedGate, LearnedGateConfig
 from drafters.target import TargetIdentity
-
-# the loading side, re-exported: `from drafters.export import load_drafter` works too
-__all__ = [
-    "DrafterMismatchError",
-    "ExportError",
-    "LoadedDrafter",
-    "default_tree",
-    "export_checkpoint",
-    "load_drafter",
-    "read_checkpoint",
-    "read_config",
-    "resolve_tree",
-]
 
 # ---- reading a Lightning checkpoint ---------------------------------------------------------
 
@@ -131,11 +111,8 @@ def read_checkpoint(path: str | Path) -> dict:
 
 
 def default_tree(kind: str, model_cfg: dict) -> dict:
-    if kind in HEAD_KINDS:
-        return resolve_tree(kind, model_cfg, DEFAULT_HEAD_TREE)
-    if falcon_tree_module() is None:
-        return {"name": None, "spec": None}  # decode_falcon's own default
-    return resolve_tree(kind, model_cfg, DEFAULT_FALCON_TREE)
+    default = DEFAULT_HEAD_TREE if kind in HEAD_KINDS else DEFAULT_FALCON_TREE
+    return resolve_tree(kind, model_cfg, default)
 
 
 def resolve_tree(kind: str, model_cfg: dict, tree: Any) -> dict:
@@ -145,23 +122,21 @@ def resolve_tree(kind: str, model_cfg: dict, tree: Any) -> dict:
     greedily: `build_tree`, Falcon `build_falcon_tree` with optional "max_anchors"). Head
     drafters: a preset's paths deeper than the number of heads are dropped (a prefix-closed
     subset stays a tree); a given tree deeper than that is refused."""
+    from drafters.decoding.falcon_tree import build_falcon_tree, get_falcon_tree
     from drafters.decoding.tree import PRESETS, build_tree, get_tree
 
     name = tree if isinstance(tree, str) else None
     if isinstance(tree, str) and tree.endswith(".json") and Path(tree).is_file():
         name, tree = None, json.loads(Path(tree).read_text())
     if kind not in HEAD_KINDS:
-        ft = falcon_tree_module()
-        if ft is None:  # kept as given; the decoder checks it
-            return {"name": name, "spec": None if name else tree}
         k = int(model_cfg.get("k", 2))
         if isinstance(tree, dict) and "topk_acc" in tree:
-            t = ft.build_falcon_tree(
+            t = build_falcon_tree(
                 tree["topk_acc"], int(tree["num_nodes"]), k, tree.get("max_anchors")
             )
             return {"name": "built", "spec": t.to_list()}
         try:
-            return {"name": name, "spec": ft.get_falcon_tree(tree, k).to_list()}
+            return {"name": name, "spec": get_falcon_tree(tree, k).to_list()}
         except ValueError as e:
             raise ExportError(f"Falcon tree {tree!r}: {e}") from e
     if isinstance(tree, dict) and "topk_acc" in tree:
@@ -239,10 +214,7 @@ def export_checkpoint(
         k: (v.to(dt) if v.is_floating_point() else v).detach().cpu().contiguous()
         for k, v in tensors.items()
     }
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp's 0o700 would survive the rename
+    with staged_dir(out_dir) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         config = {
             "format": FORMAT,
@@ -268,9 +240,6 @@ def export_checkpoint(
         }
         _write_config(tmp / CONFIG_FILE, config)  # last: its presence marks a complete folder
         load_drafter(tmp)  # what was written loads, or the export fails here
-        replace_dir(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 

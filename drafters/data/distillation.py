@@ -1,10 +1,10 @@
 """Self-distillation: the target regenerates every assistant turn of real conversations.
 
-Turn by turn, each turn conditioned on the target's *own* earlier answers (methods.md section 1),
+Turn by turn, each turn conditioned on the target's *own* earlier answers (docs/design.md section 1),
 greedy by default, batched with left padding. Work is done in fixed batches of conversations
 and each finished batch is written atomically as one shard, so a killed run restarted with the
 same command redoes only the unfinished batch: no conversation lost, none duplicated, and the
-same batches (hence the same outputs) as an uninterrupted run. `drafters.distilled.finalize`
+same batches (hence the same outputs) as an uninterrupted run. `drafters.data.corpus.finalize`
 merges the shards into the dataset that training reads.
 """
 
@@ -20,17 +20,19 @@ from tqdm import tqdm
 
 from drafters.data.chat import render_prompt
 from drafters.data.sharegpt import Conversation, ReadStats, read_conversations
-from drafters.distilled import DistillResumeError, finalize, shard_path
-from drafters.engines import Engine, Request, SamplingConfig, make_engine
+from drafters.data.corpus import DistillResumeError, finalize, shard_path
+from drafters.data.engines import Engine, Request, SamplingConfig, make_engine
+from drafters.data.engines.vllm_client import VLLM_DEFAULTS
 from drafters.io_utils import write_json_atomic
 from drafters.target import Target
 
 
 @dataclass(frozen=True)
 class DistillConfig:
-    """`generation:` in conf/distill.yaml (the defaults live there; these match them)."""
+    """`generation:` in conf/distill.yaml, which documents every field; the defaults here are
+    the same (tests/test_distill.py checks it), for code that builds one directly."""
 
-    backend: str = "hf"  # hf | hf_fast | vllm (drafters.engines)
+    backend: str = "hf"  # hf | hf_fast | vllm (drafters.data.engines)
     max_new_tokens: int = 256  # per assistant turn
     max_turns: int | None = 2  # user turns per conversation (None: all)
     max_prompt_tokens: int = 1024  # a turn whose prompt is longer ends the conversation there
@@ -41,7 +43,7 @@ class DistillConfig:
     temperature: float = 0.7
     top_p: float = 1.0
     seed: int = 0
-    vllm: dict = field(default_factory=dict)  # engine settings for backend=vllm
+    vllm: dict = field(default_factory=lambda: dict(VLLM_DEFAULTS))  # backend=vllm only
 
     @property
     def conversations_per_batch(self) -> int:

@@ -1,8 +1,9 @@
-"""Spec-Bench style benchmark (methods.md section 6): every method on the same prompts, one run.
+"""Spec-Bench style benchmark (docs/design.md section 6): every method on the same prompts, one run.
 
-    python -m drafters.bench --bench mt_bench --per-category 2 --drafter exported/cerberus_smollm2
-    python -m drafters.bench --bench spec_bench --per-category 10 --turns 2 --threads 2 \\
+    drafters-bench --bench mt_bench --per-category 2 --drafter outputs/cerberus_smollm2
+    drafters-bench --bench spec_bench --per-category 10 --turns 2 --threads 2 \\
         --methods hf_greedy ar hf_prompt_lookup hf_early_exit --drafter A --drafter B --out bench/x
+    drafters-bench --questions my_heldout.jsonl --drafter A     # any file in the same format
 
 Protocol: batch 1, greedy, one target (same dtype, same machine, same run); warm-up generations
 first; questions run one after another with every method in turn (so load drift on a shared
@@ -33,7 +34,7 @@ the last question writes the reports; `--merge --out DIR` writes them again from
 
 from __future__ import annotations
 
-import argparse
+import hashlib
 import json
 import platform
 import random
@@ -46,14 +47,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from drafters.bench_records import BASELINE, RecordStore, merge
+from drafters.eval.records import BASELINE, RecordStore, merge
 
 MT_BENCH_CATEGORIES = (
     "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
 )  # fmt: skip
 BUILTIN_METHODS = ("hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit")
 GATE_CHOICES = ("none", "default", "entropy", "learned")
-DEFAULT_EVAL_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "eval"
+# MT-Bench and Spec-Bench, shipped inside the package (prompts/README.md: sources, licences)
+EVAL_DIR = Path(__file__).resolve().parent / "prompts"
 
 
 @dataclass
@@ -68,13 +70,39 @@ class Method:
 # ---- prompts ------------------------------------------------------------------------------
 
 
+def read_questions(path: Path) -> list[dict]:
+    """A prompt file in the Spec-Bench format: one JSON object a line with `question_id`,
+    `category` and `turns` (a list of user messages). Any problem names the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {path} does not exist")
+    rows, ids = [], set()
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+        turns = row.get("turns") if isinstance(row, dict) else None
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            raise ValueError(f'{path}:{n}: needs "turns": a non-empty list of strings')
+        if "question_id" not in row or not isinstance(row.get("category"), str):
+            raise ValueError(f'{path}:{n}: needs "question_id" and a "category" string')
+        if row["question_id"] in ids:
+            raise ValueError(f"{path}:{n}: question_id {row['question_id']!r} appears twice")
+        ids.add(row["question_id"])
+        rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no questions")
+    return rows
+
+
 def load_questions(path: Path, bench: str, per_category: int | None, seed: int) -> list[dict]:
     """Rows of a Spec-Bench style jsonl; in spec_bench the MT-Bench categories are pooled into
     one category "mt_bench" (Spec-Bench's multi-turn conversation). per_category: a seeded
     sample of that many questions per category, kept in file order."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist (--eval-dir, see shared/eval/README.md)")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_questions(path)
     for r in rows:
         if bench == "spec_bench" and r["category"] in MT_BENCH_CATEGORIES:
             r["category"] = "mt_bench"
@@ -162,12 +190,12 @@ def split_drafter_spec(spec: str) -> tuple[str, list[str] | None]:
     names = gates.split(",")
     bad = [g for g in names if g not in GATE_CHOICES]
     if bad:
-        raise SystemExit(f"--drafter {spec!r}: unknown gate {bad[0]!r}; use {GATE_CHOICES}")
+        raise ValueError(f"--drafter {spec!r}: unknown gate {bad[0]!r}; use {GATE_CHOICES}")
     return folder, names
 
 
 def build_methods(args, target) -> list[Method]:
-    from drafters.drafter_io import load_drafter
+    from drafters.export import load_drafter
 
     methods: list[Method] = []
     for name in args.methods:
@@ -202,7 +230,7 @@ def build_methods(args, target) -> list[Method]:
             taken.add(name)
             methods.append(drafter_method(target, drafter, g, name))
     if not methods:
-        raise SystemExit("no method to run: give --methods and/or --drafter")
+        raise ValueError("no method to run: give --methods and/or --drafter")
     return methods
 
 
@@ -258,13 +286,13 @@ def mark_lossless(records: list[dict]) -> None:
 def run(args) -> dict:
     """Run this shard's questions not yet recorded under --out, then write the reports once every
     question of the run has its record (the last shard to finish writes them)."""
-    from drafters.drafter_io import read_config
+    from drafters.export import read_config
     from drafters.target import load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    index, count = parse_shard(args.shard)
-    eval_file = Path(args.eval_dir) / f"{args.bench}_question.jsonl"
+    index, count = args.shard
+    eval_file = Path(args.questions or Path(args.eval_dir) / f"{args.bench}_question.jsonl")
     questions = load_questions(eval_file, args.bench, args.per_category, args.seed)
     identity = (
         read_config(split_drafter_spec(args.drafter[0])[0])["target"] if args.drafter else None
@@ -275,6 +303,7 @@ def run(args) -> dict:
     settings = {
         "bench": args.bench,
         "eval_file": str(eval_file),
+        "eval_sha256": hashlib.sha256(eval_file.read_bytes()).hexdigest(),
         "questions": len(questions),
         "question_ids": [q["question_id"] for q in questions],
         "per_category": args.per_category,
@@ -317,76 +346,3 @@ def run(args) -> dict:
         bar.set_postfix({r["method"][:12]: f"{r['tokens_per_s']:.0f}" for r in batch[:4]})
     bar.close()
     return merge(Path(args.out))
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    try:
-        index, count = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise SystemExit(f"--shard {text!r}: expected INDEX/COUNT, e.g. 0/2") from None
-    if not 0 <= index < count:
-        raise SystemExit(f"--shard {text!r}: INDEX must be in 0..COUNT-1")
-    return index, count
-
-
-def parse_args(argv: list[str] | None = None):
-    p = argparse.ArgumentParser(
-        prog="python -m drafters.bench",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--bench", choices=["mt_bench", "spec_bench"], default="mt_bench")
-    p.add_argument("--eval-dir", default=str(DEFAULT_EVAL_DIR), help="holds <bench>_question.jsonl")
-    p.add_argument("--per-category", type=int, default=None, help="questions per category")
-    p.add_argument("--seed", type=int, default=0, help="seed of the per-category sample")
-    p.add_argument("--turns", type=int, choices=[1, 2], default=1)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--warmup", type=int, default=1, help="questions run untimed first")
-    p.add_argument(
-        "--methods",
-        nargs="*",
-        choices=BUILTIN_METHODS,
-        default=["hf_greedy", "ar"],
-        help="built-in methods (hf_greedy is the baseline of speedup and lossless)",
-    )
-    p.add_argument(
-        "--drafter",
-        action="append",
-        default=[],
-        help="exported drafter folder, optionally @GATE[,GATE..] for its own gate variants",
-    )
-    p.add_argument(
-        "--gates",
-        nargs="+",
-        choices=GATE_CHOICES,
-        default=["none", "default"],
-        help="gate variants per head drafter (default: without gate and with its own gate)",
-    )
-    p.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens")
-    p.add_argument(
-        "--early-exit-layer", type=int, default=None, help="assistant_early_exit (default L/5)"
-    )
-    p.add_argument(
-        "--early-exit-tokens", type=int, default=None, help="num_assistant_tokens (HF: 20)"
-    )
-    p.add_argument("--target", default=None, help="smollm2_135m | tiny | HF id/folder")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default=None, help="target dtype (default float32 on the CPU)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    p.add_argument("--out", default="bench_results", help="output folder (resumed if it exists)")
-    p.add_argument("--shard", default="0/1", help="INDEX/COUNT: run questions INDEX, INDEX+COUNT..")
-    p.add_argument("--merge", action="store_true", help="only write the reports of --out")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    result = merge(Path(args.out)) if args.merge else run(args)
-    print(result["markdown"])
-    if result["files"]:
-        print(f"\nwritten to {args.out}: " + ", ".join(result["files"]))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,7 @@ from collections import deque
 
 import torch
 
-from drafters.engines import Engine, OnDone, Request, SamplingConfig, hf_engine_info
+from drafters.data.engines import Engine, OnDone, Request, SamplingConfig, hf_engine_info
 from drafters.target import Target
 
 

@@ -1,4 +1,4 @@
-"""The benchmark's records: what makes a long `python -m drafters.bench` run resumable and
+"""The benchmark's records: what makes a long `drafters-bench` run resumable and
 shardable. --out/run.json holds the run's settings and methods; --out/records/*.jsonl one line
 per finished question (every method's record), one file per process."""
 
@@ -10,6 +10,8 @@ import platform
 import sys
 from pathlib import Path
 
+from drafters.io_utils import create_exclusive
+
 BASELINE = "hf_greedy"
 
 
@@ -18,7 +20,9 @@ class RecordStore:
     question: every method's record). A restart, or another shard, with other settings is
     refused; a line cut by a kill is dropped (that question runs again), and counted."""
 
-    VOLATILE = ("warmup_questions", "machine", "torch", "transformers")  # may differ per shard
+    # may differ between shards and restarts; eval_file is a path (another checkout, another
+    # machine), the file's content is eval_sha256
+    VOLATILE = ("warmup_questions", "machine", "torch", "transformers", "eval_file")
 
     def __init__(self, folder: Path, settings: dict, methods: dict) -> None:
         self.folder = folder
@@ -26,21 +30,13 @@ class RecordStore:
         run_file = folder / "run.json"
         mine = {"settings": settings, "methods": methods}
         if not run_file.is_file():
-            # Shards start together: each writes its own temporary file, and a hard link
-            # publishes it only if no run.json exists yet. The first shard's wins; every shard,
-            # the first included, is then checked against it.
-            tmp = folder / f".run.json.tmp-{platform.node()}-{os.getpid()}"
-            tmp.write_text(json.dumps(mine, indent=1))
-            try:
-                os.link(tmp, run_file)
-            except FileExistsError:
-                pass
-            finally:
-                tmp.unlink()
+            # Shards start together: the first shard's run.json wins; every shard, the first
+            # included, is then checked against it.
+            create_exclusive(run_file, json.dumps(mine, indent=1))
         theirs = json.loads(run_file.read_text())
         differ = _differences(mine, theirs, self.VOLATILE)
         if differ:
-            raise SystemExit(
+            raise ValueError(
                 f"{run_file}: this run's settings differ from the recorded run's in "
                 f"{', '.join(differ)}; use another --out, or delete {folder} to start over"
             )
@@ -90,11 +86,11 @@ def read_records(folder: Path) -> tuple[dict, int]:
 
 def merge(folder: Path) -> dict:
     """Reports from the records under folder, once every question has been run."""
-    from drafters.bench_report import write_reports
+    from drafters.eval.report import write_reports
 
     run_file = folder / "run.json"
     if not run_file.is_file():
-        raise SystemExit(f"{run_file} does not exist: run the benchmark with --out {folder} first")
+        raise ValueError(f"{run_file} does not exist: run the benchmark with --out {folder} first")
     run_info = json.loads(run_file.read_text())
     settings, info = run_info["settings"], run_info["methods"]
     by_question, bad = read_records(folder)

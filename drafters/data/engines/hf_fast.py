@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from drafters.engines import Engine, OnDone, Request, SamplingConfig, hf_engine_info
+from drafters.data.engines import Engine, OnDone, Request, SamplingConfig, hf_engine_info
 from drafters.target import Target
 
 

@@ -1,4 +1,4 @@
-"""The vLLM backend: drives `drafters/engines/vllm_worker.py` in a child process.
+"""The vLLM backend: drives `drafters/data/engines/vllm_worker.py` in a child process.
 
 vLLM pins its own torch and transformers, so it lives in its own environment
 (`make setup-vllm` -> `.venv-vllm/`); on a GPU box where `vllm` imports beside drafters, the
@@ -14,11 +14,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-from drafters.engines import Engine, OnDone, Request, SamplingConfig
+from drafters.data.engines import Engine, OnDone, Request, SamplingConfig
 from drafters.target import Target
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
-REPO_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+REPO_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"  # `make setup-vllm`
+# generation.vllm in conf/distill.yaml, which documents each (tests/test_distill.py: they agree)
+VLLM_DEFAULTS = {
+    "python": None,
+    "enforce_eager": False,
+    "kv_cache_gib": 2,
+    "gpu_memory_utilization": 0.9,
+    "tensor_parallel_size": 1,
+    "max_num_batched_tokens": None,
+}
 
 
 class VLLMError(RuntimeError):
@@ -49,21 +58,22 @@ def vllm_python(configured: str | None = None) -> str:
 
 def engine_kwargs(target: Target, batch_size: int, max_len: int, cfg: dict) -> dict:
     """The `vllm.LLM(...)` arguments for `target` (a local folder or a hub id)."""
+    cfg = {**VLLM_DEFAULTS, **cfg}
     kwargs = {
         "model": target.path,
         "dtype": cfg.get("dtype") or str(target.dtype).removeprefix("torch."),
         "max_model_len": max_len,
         "max_num_seqs": batch_size,
         "seed": 0,
-        "enforce_eager": bool(cfg.get("enforce_eager", False)),
-        "tensor_parallel_size": int(cfg.get("tensor_parallel_size", 1)),
+        "enforce_eager": bool(cfg["enforce_eager"]),
+        "tensor_parallel_size": int(cfg["tensor_parallel_size"]),
         "generation_config": "vllm",  # the model folder's sampling defaults never apply
     }
-    kv_gib = cfg.get("kv_cache_gib", 2)  # conf/distill.yaml's default; null on GPUs
+    kv_gib = cfg["kv_cache_gib"]  # null on GPUs
     if kv_gib:  # on the CPU build, a fraction of RAM fails when other processes hold some
         kwargs["kv_cache_memory_bytes"] = int(float(kv_gib) * 2**30)
     else:
-        kwargs["gpu_memory_utilization"] = float(cfg.get("gpu_memory_utilization", 0.9))
+        kwargs["gpu_memory_utilization"] = float(cfg["gpu_memory_utilization"])
     if cfg.get("max_num_batched_tokens"):
         kwargs["max_num_batched_tokens"] = int(cfg["max_num_batched_tokens"])
     return kwargs

@@ -78,15 +78,15 @@ def make_engine(
     sequences up to `max_len` tokens (longest prompt + max_new_tokens); `log_path`: where the
     vLLM child writes its log."""
     if backend == "hf":
-        from drafters.engines.hf import HFGenerateEngine
+        from drafters.data.engines.hf import HFGenerateEngine
 
         return HFGenerateEngine(target, batch_size)
     if backend == "hf_fast":
-        from drafters.engines.hf_fast import SlotEngine
+        from drafters.data.engines.hf_fast import SlotEngine
 
         return SlotEngine(target, batch_size, max_len)
     if backend == "vllm":
-        from drafters.engines.vllm_client import VLLMEngine
+        from drafters.data.engines.vllm_client import VLLMEngine
 
         return VLLMEngine(target, batch_size, max_len, vllm_cfg or {}, log_path=log_path)
     raise ValueError(f"generation.backend={backend!r}: use one of {', '.join(BACKENDS)}")

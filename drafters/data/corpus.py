@@ -1,19 +1,18 @@
 """The distilled corpus on disk: per-batch shards, their merge into an HF `datasets` dataset
 whose metadata holds the target's identity, and the loader that checks it against a target.
 
-`drafters.distill` writes the shards; this module owns their format (`shards/batch-NNNNNN.json`,
-`manifest.json`, `dataset/`, `stats.json`) and everything that reads them.
+`drafters.data.distillation` writes the shards; this module owns their format
+(`shards/batch-NNNNNN.json`, `manifest.json`, `dataset/`, `stats.json`) and everything that
+reads them.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections import Counter
 from pathlib import Path
 
-from drafters.io_utils import replace_dir, write_json_atomic
+from drafters.io_utils import staged_dir, write_json_atomic
 
 
 class DistillResumeError(RuntimeError):
@@ -129,11 +128,9 @@ def finalize(
     columns = {name: [row[name] for row in rows] for name in DATASET_FEATURES}
     ds = Dataset.from_dict(columns, features=DATASET_FEATURES)
     ds.info.description = json.dumps(meta)
-    final, tmp = out_dir / "dataset", out_dir / f".dataset.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    ds.save_to_disk(str(tmp))
-    write_json_atomic(tmp / "drafters_meta.json", meta)
-    replace_dir(tmp, final)
+    with staged_dir(out_dir / "dataset") as tmp:
+        ds.save_to_disk(str(tmp))
+        write_json_atomic(tmp / "drafters_meta.json", meta)
     write_json_atomic(out_dir / "stats.json", stats)
     return ds, stats
 

@@ -1,0 +1,345 @@
+"""The console scripts (`[project.scripts]` in pyproject.toml), one function each:
+
+    drafters-export    a training checkpoint -> an exported drafter folder
+    drafters-generate  answer one prompt with speculative decoding; print tau, alpha, tokens/s
+    drafters-bench     the Spec-Bench style benchmark (drafters/eval/bench.py)
+    drafters-tune      the decoder's knobs on held-out ShareGPT (drafters/eval/tune.py)
+
+`python -m drafters.cli COMMAND ARGS` runs the same (COMMAND: export, generate, bench, tune).
+A bad input (a missing or corrupt file, a drafter of another target, a malformed prompt file,
+a bad option value) prints one `error: ...` line and exits 1; DRAFTERS_TRACEBACK=1 shows the
+traceback. `train.py` and `data/*.py` are the Hydra entry points; these are the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+class UsageError(ValueError):
+    """A bad command line or input file, said in one line the user can act on."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """What a bad input raises, as opposed to a bug (which keeps its traceback)."""
+    from safetensors import SafetensorError
+
+    from drafters.target import TargetError
+
+    return (ValueError, OSError, TargetError, SafetensorError)
+
+
+def parse_tree(spec: str | None):
+    """--tree: a JSON list of paths, or a name / file the tree resolvers accept as is."""
+    if spec is not None and spec.lstrip().startswith("["):
+        try:
+            return json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--tree {spec!r} is not a JSON list of paths: {e}") from None
+    return spec
+
+
+def run(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    try:
+        return main(argv)
+    except user_errors() as e:
+        if os.environ.get("DRAFTERS_TRACEBACK"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+# ---- drafters-export -----------------------------------------------------------------------------
+
+EXPORT_HELP = """Export a training checkpoint to a drafter folder (config.json + model.safetensors).
+
+    drafters-export logs/train/cerberus_smollm2/checkpoints/last.ckpt outputs/cerberus_smollm2
+    drafters-export CKPT OUT --dtype bfloat16 --tree mc_sim_7b_63_first16 --force
+
+The folder loads with `drafters.load_drafter(OUT, target)` (no Lightning, no Hydra) and runs with
+`drafters-generate --drafter OUT` and `drafters-bench --drafter OUT`.
+Format: the docstring of drafters/export/format.py.
+"""
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    from drafters.export import DTYPES, export_checkpoint
+
+    p = argparse.ArgumentParser(
+        prog="drafters-export",
+        description=EXPORT_HELP,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    p.add_argument("checkpoint", help="a Lightning checkpoint written by train.py (.ckpt)")
+    p.add_argument("out", help="the drafter folder to write (atomically)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights dtype")
+    p.add_argument(
+        "--tree",
+        default=None,
+        help="decoding tree: a preset (mc_sim_7b_63, mc_sim_7b_63_first16), chain<K>, a JSON "
+        "list of paths, or a .json file holding paths or {topk_acc: [[...]], num_nodes: n}. "
+        "Default: mc_sim_7b_63 for head drafters, the decoder's own for Falcon",
+    )
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    args = p.parse_args(argv)
+    out = export_checkpoint(
+        args.checkpoint, args.out, args.dtype, parse_tree(args.tree), args.force
+    )
+    config = json.loads((out / "config.json").read_text())
+    tree = config["tree"]["name"] or config["tree"]["spec"] or "decoder default"
+    print(
+        f"exported {config['kind']} drafter ({config['weights']['num_params']:,} parameters, "
+        f"{config['weights']['dtype']}, tree {tree}, "
+        f"gate {config['gate']['default']}) for target {config['target']['name']} to {out}"
+    )
+    return 0
+
+
+# ---- drafters-generate ---------------------------------------------------------------------------
+
+GENERATE_HELP = """Answer one prompt with speculative decoding and an exported drafter; print tau,
+alpha, tokens/s.
+
+    drafters-generate --drafter outputs/cerberus_smollm2 --prompt "Why is the sky blue?"
+    drafters-generate --drafter DIR --prompt "..." --gate none --tree chain4
+
+The target defaults to the one the drafter was trained for (its exported identity): the embedded
+SmolLM2 for `HuggingFaceTB/SmolLM2-135M-Instruct`, else that name as an HF hub id or folder. The
+prompt is rendered with the target's chat template as one user turn. The answer is printed once
+decoding ends (the decoders have no streaming hook yet), then the statistics:
+tau = new tokens per target verification forward, bonus token included (plain AR: 1);
+alpha = accepted draft tokens / new tokens; tokens/s over prefill + decoding.
+"""
+
+
+def generate_main(argv: list[str] | None = None) -> int:
+    from drafters.data.chat import render_prompt
+    from drafters.export import load_drafter, read_config
+    from drafters.speculate import speculative_decode
+    from drafters.target import load_target
+
+    p = argparse.ArgumentParser(
+        prog="drafters-generate",
+        description=GENERATE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--drafter", required=True, help="an exported drafter folder (drafters-export)")
+    p.add_argument("--prompt", required=True, help="the user message")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="smollm2_135m | tiny | an HF hub id or folder (default: the drafter's own target)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument(
+        "--gate",
+        choices=["default", "none", "entropy", "learned"],
+        default="default",
+        help="head drafters: the drafter's default gate (config.json), none, entropy or learned",
+    )
+    p.add_argument(
+        "--tree", default=None, help="override the exported tree: preset, chain<K>, JSON paths"
+    )
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None, help="target dtype (default: float32 on the CPU)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    identity = read_config(args.drafter)["target"]
+    target = load_target(args.target, identity, args.dtype, args.device)
+    drafter = load_drafter(args.drafter, target)
+    ids = render_prompt(target.tokenizer, [{"role": "user", "content": args.prompt}])
+    input_ids = torch.tensor([ids], device=target.device)
+    tree = parse_tree(args.tree)
+    res = speculative_decode(target, drafter, input_ids, args.max_new_tokens, args.gate, tree)
+    print(target.tokenizer.decode(res.output_ids, skip_special_tokens=True), flush=True)
+    s = res.stats()
+    print(
+        f"\n[{drafter.kind} {drafter.name}, gate {args.gate}, target {target.name}] "
+        f"tau {s['tau']:.2f} (bonus included)  alpha {s['alpha']:.2f}  "
+        f"tokens/s {s['new_tokens'] / s['wall_time_s']:.1f}  "
+        f"({s['new_tokens']} tokens, {s['verify_forwards']} verification forwards: "
+        f"{s['tree_steps']} tree, {s['ar_steps']} AR; {s['wall_time_s']:.2f} s)"
+    )
+    return 0
+
+
+# ---- drafters-bench ------------------------------------------------------------------------------
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected INDEX/COUNT, e.g. 0/2") from None
+    if not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"{text!r}: INDEX must be in 0..COUNT-1")
+    return index, count
+
+
+def bench_args(argv: list[str] | None = None):
+    from drafters.eval import bench as eval_bench
+
+    p = argparse.ArgumentParser(
+        prog="drafters-bench",
+        description=eval_bench.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--bench", choices=["mt_bench", "spec_bench"], default="mt_bench")
+    p.add_argument(
+        "--eval-dir",
+        default=str(eval_bench.EVAL_DIR),
+        help="holds <bench>_question.jsonl (default: the copies shipped in drafters/eval/prompts)",
+    )
+    p.add_argument(
+        "--questions",
+        default=None,
+        metavar="FILE",
+        help="run this prompt file instead (same format: question_id, category, turns per line)",
+    )
+    p.add_argument("--per-category", type=int, default=None, help="questions per category")
+    p.add_argument("--seed", type=int, default=0, help="seed of the per-category sample")
+    p.add_argument("--turns", type=int, choices=[1, 2], default=1)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=1, help="questions run untimed first")
+    p.add_argument(
+        "--methods",
+        nargs="*",
+        choices=eval_bench.BUILTIN_METHODS,
+        default=["hf_greedy", "ar"],
+        help="built-in methods (hf_greedy is the baseline of speedup and lossless)",
+    )
+    p.add_argument(
+        "--drafter",
+        action="append",
+        default=[],
+        help="exported drafter folder, optionally @GATE[,GATE..] for its own gate variants",
+    )
+    p.add_argument(
+        "--gates",
+        nargs="+",
+        choices=eval_bench.GATE_CHOICES,
+        default=["none", "default"],
+        help="gate variants per head drafter (default: without gate and with its own gate)",
+    )
+    p.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens")
+    p.add_argument(
+        "--early-exit-layer", type=int, default=None, help="assistant_early_exit (default L/5)"
+    )
+    p.add_argument(
+        "--early-exit-tokens", type=int, default=None, help="num_assistant_tokens (HF: 20)"
+    )
+    p.add_argument("--target", default=None, help="smollm2_135m | tiny | HF id/folder")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None, help="target dtype (default float32 on the CPU)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--out", default="bench_results", help="output folder (resumed if it exists)")
+    p.add_argument(
+        "--shard",
+        type=parse_shard,
+        default=(0, 1),
+        help="INDEX/COUNT: run questions INDEX, INDEX+COUNT..",
+    )
+    p.add_argument("--merge", action="store_true", help="only write the reports of --out")
+    return p.parse_args(argv)
+
+
+def bench_main(argv: list[str] | None = None) -> int:
+    from drafters.eval.bench import run as run_bench
+    from drafters.eval.records import merge
+
+    args = bench_args(argv)
+    result = merge(Path(args.out)) if args.merge else run_bench(args)
+    print(result["markdown"])
+    if result["files"]:
+        print(f"\nwritten to {args.out}: " + ", ".join(result["files"]))
+    return 0
+
+
+# ---- drafters-tune -------------------------------------------------------------------------------
+
+
+def tune_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from drafters.eval import tune as eval_tune
+
+    p = argparse.ArgumentParser(prog="drafters-tune", description=eval_tune.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--drafter", action="append", default=[], help="exported drafter folder")
+    p.add_argument("--peers", action="store_true", help="sweep the HF peers' knobs")
+    p.add_argument("--out", required=True)
+    p.add_argument("--target", default=None, help="default: the drafters' target")
+    p.add_argument("--sizes", type=int, nargs="+", default=[3, 5, 8, 16], help="tree nodes")
+    p.add_argument("--topk", type=int, default=10)
+    p.add_argument("--prompts", type=int, default=4, help="ShareGPT validation prompts")
+    p.add_argument("--max-prompt-tokens", type=int, default=384)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--prompt-lookup", type=int, nargs="+", default=[3, 5, 10])
+    p.add_argument("--early-exit-fractions", type=float, nargs="+", default=[0.1, 0.2, 0.33])
+    p.add_argument("--early-exit-tokens", type=int, nargs="+", default=[3, 20],
+                   help="num_assistant_tokens (HF's default: 20)")  # fmt: skip
+    # where `python data/distill.py` and `python data/cache_features.py` put them, run from the
+    # repository root with the embedded target
+    p.add_argument("--dataset-dir", default="data/distilled/smollm2_135m/train",
+                   help="the distilled corpus the drafters were trained on")  # fmt: skip
+    p.add_argument("--cache-dir", default="data/features/smollm2_135m",
+                   help="its offline feature cache")  # fmt: skip
+    p.add_argument("--max-length", type=int, default=512, help="as the training runs")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="as the training runs")
+    p.add_argument("--sharegpt-val-fraction", type=float, default=0.02, help="as distillation")
+    p.add_argument("--threads", type=int, default=None)
+    return p.parse_args(argv)
+
+
+def tune_main(argv: list[str] | None = None) -> int:
+    from drafters.eval.tune import tune as run_tune
+
+    run_tune(tune_args(argv))
+    return 0
+
+
+# ---- entry points --------------------------------------------------------------------------------
+
+COMMANDS: dict[str, Callable[[list[str] | None], int]] = {
+    "export": export_main,
+    "generate": generate_main,
+    "bench": bench_main,
+    "tune": tune_main,
+}
+
+
+def export() -> None:
+    sys.exit(run(export_main))
+
+
+def generate() -> None:
+    sys.exit(run(generate_main))
+
+
+def bench() -> None:
+    sys.exit(run(bench_main))
+
+
+def tune() -> None:
+    sys.exit(run(tune_main))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m drafters.cli COMMAND ARGS`."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(f"usage: python -m drafters.cli {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
+        return 2
+    return run(COMMANDS[argv[0]], argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
