@@ -4,6 +4,8 @@
   requeued job continues the same W&B run; offline mode when no API key is configured.
 - CSV: Lightning's CSVLogger deletes `metrics.csv` when its folder is not empty; ours appends,
   so the rows of every start of the run stay in one file.
+
+Both are the `_target_`s of conf/logger/ (wandb.yaml, csv.yaml), where their settings live.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
+
+from drafters.io_utils import create_exclusive
 
 
 class _AppendingWriter(ExperimentWriter):
@@ -56,29 +60,27 @@ def stable_run_id(run_dir: Path) -> str:
     path = run_dir / "wandb_id.txt"
     if not path.is_file() and int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(uuid.uuid4().hex[:12])
-        os.replace(tmp, path)
+        create_exclusive(path, uuid.uuid4().hex[:12])
     return path.read_text().strip() if path.is_file() else uuid.uuid4().hex[:12]
 
 
-def build_loggers(cfg, run_dir: Path) -> list:
-    """`logger.wandb` (a dict or null) and `logger.csv` (bool) from the Hydra config."""
-    loggers = []
-    w = cfg.logger.get("wandb")
-    if w is not None and wandb_mode(w.mode) != "disabled":
-        loggers.append(
-            WandbLogger(
-                project=w.project,
-                entity=w.entity,
-                name=cfg.run_name,
-                id=stable_run_id(run_dir),
-                resume="allow",
-                save_dir=str(run_dir),
-                offline=wandb_mode(w.mode) == "offline",
-                tags=list(w.tags),
-            )
-        )
-    if cfg.logger.get("csv"):
-        loggers.append(AppendingCSVLogger(save_dir=str(run_dir), name="csv", version=""))
-    return loggers
+def wandb_logger(
+    *, save_dir: str, name: str, project: str, entity: str | None, mode: str, tags, **kwargs
+) -> WandbLogger | None:
+    """conf/logger/wandb.yaml's `_target_` (its values are the defaults): a WandbLogger that
+    continues this run folder's W&B run (`stable_run_id(save_dir)`, `resume="allow"`), in
+    `wandb_mode(mode)`; None (no logger) for mode=disabled. Other WandbLogger args pass on."""
+    mode = wandb_mode(mode)
+    if mode == "disabled":
+        return None
+    return WandbLogger(
+        project=project,
+        entity=entity,
+        name=name,
+        id=stable_run_id(Path(save_dir)),
+        resume="allow",
+        save_dir=str(save_dir),
+        offline=mode == "offline",
+        tags=list(tags),
+        **kwargs,
+    )

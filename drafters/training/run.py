@@ -2,7 +2,9 @@
 
 `train.py` is a thin `@hydra.main` wrapper around this function, so tests run the real thing
 on a composed config. Everything a restart must find again lives in `cfg.run_dir`:
-`checkpoints/last.ckpt`, `wandb_id.txt`, `csv/metrics.csv`.
+`checkpoints/last.ckpt`, `wandb_id.txt`, `csv/metrics.csv`. Callbacks and loggers are the
+`_target_` entries of the `callbacks` and `logger` config groups (conf/callbacks/,
+conf/logger/), the lightning-hydra-template shape: add, drop or swap them from the command line.
 """
 
 from __future__ import annotations
@@ -13,12 +15,11 @@ from pathlib import Path
 
 import lightning as L
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from drafters.models import CerberusConfig, FalconConfig, MedusaConfig
 from drafters.target import Target
-from drafters.training.loggers import build_loggers
 from drafters.training.module import DrafterLitModule
 
 
@@ -49,36 +50,49 @@ def build_module(cfg: DictConfig, target: Target) -> DrafterLitModule:
 class FinalLastCheckpoint(Callback):
     """last.ckpt holds the final step when training ends. ModelCheckpoint saves it only with a
     periodic save, so a run whose max_steps is not a multiple of every_n_train_steps would end
-    with last.ckpt (what export.py and `ckpt_path=last` read) up to n - 1 steps behind."""
+    with last.ckpt (what drafters-export and `ckpt_path=last` read) up to n - 1 steps behind.
+    It writes `last.ckpt` in the dirpath of the trainer's ModelCheckpoint, and nothing when that
+    has save_last off (or there is none): conf/callbacks/final_last_checkpoint.yaml."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self) -> None:
         self.saved_step = -1
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
         self.saved_step = trainer.global_step  # any checkpoint: periodic, last, pre-emption
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        ckpt = trainer.checkpoint_callback
+        if not isinstance(ckpt, ModelCheckpoint) or not ckpt.save_last or not ckpt.dirpath:
+            return
         if trainer.global_step > 0 and self.saved_step != trainer.global_step:
-            trainer.save_checkpoint(self.path)  # every rank calls it; the strategy writes once
+            # every rank calls it; the strategy writes once
+            trainer.save_checkpoint(Path(ckpt.dirpath) / "last.ckpt")
 
 
-def build_callbacks(cfg: DictConfig, run_dir: Path) -> list:
-    c = cfg.callbacks.checkpoint
-    return [
-        ModelCheckpoint(
-            dirpath=str(run_dir / "checkpoints"),
-            filename="step{step:07d}",
-            auto_insert_metric_name=False,
-            every_n_train_steps=c.every_n_train_steps,
-            save_top_k=c.save_top_k,
-            monitor=c.monitor,
-            mode=c.mode,
-            save_last=c.save_last,
-        ),
-        LearningRateMonitor(logging_interval="step"),
-        *([FinalLastCheckpoint(run_dir / "checkpoints" / "last.ckpt")] if c.save_last else []),
-    ]
+def batch_size(batch: dict) -> int:
+    """Sequences in a batch (ThroughputMonitor's batch_size_fn)."""
+    return int(batch["input_ids"].shape[0])
+
+
+def batch_tokens(batch: dict) -> int:
+    """Tokens in a batch, prompt and answer, as train/tokens_per_s counts them (length_fn)."""
+    return int(batch["attention_mask"].sum())
+
+
+def instantiate_group(group: DictConfig | None, what: str) -> list:
+    """The objects of a `callbacks` or `logger` config: each entry with a `_target_`,
+    instantiated; an entry set to null, or one that makes None (W&B with mode=disabled), is
+    left out."""
+    out = []
+    for key, conf in (group or {}).items():
+        if conf is None:
+            continue
+        if not (isinstance(conf, DictConfig) and "_target_" in conf):
+            raise TypeError(f"{what}.{key} has no _target_: {conf!r}")
+        obj = instantiate(conf)
+        if obj is not None:
+            out.append(obj)
+    return out
 
 
 def build_strategy(cfg: DictConfig):
@@ -115,8 +129,8 @@ def train(cfg: DictConfig) -> dict:
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         strategy=build_strategy(cfg),
-        logger=build_loggers(cfg, run_dir),
-        callbacks=build_callbacks(cfg, run_dir),
+        logger=instantiate_group(cfg.get("logger"), "logger"),
+        callbacks=instantiate_group(cfg.get("callbacks"), "callbacks"),
         default_root_dir=str(run_dir),
     )
     ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
