@@ -164,6 +164,62 @@ def test_dataset_for_another_target_is_refused(tmp_path, tiny):
         load_distilled(tmp_path / "nothing")
 
 
+def test_dataset_of_another_model_with_the_same_shapes_is_refused(tmp_path, tiny):
+    """seed 1 has seed 0's architecture and tokenizer, not its weights: not its corpus."""
+    from drafters.testing import tiny_target
+
+    src = make_source(tmp_path / "c.jsonl", n=1)
+    D.run_distillation(tiny, src, tmp_path / "out", CFG, split=None)
+    finalize(tmp_path / "out", tiny.identity.to_dict())
+    seed1 = tiny_target(seed=1)
+    with pytest.raises(ValueError, match="weights_hash") as e:
+        load_distilled(tmp_path / "out", seed1.identity)
+    assert tiny.name in str(e.value) and seed1.name in str(e.value)
+    with pytest.raises(DistillResumeError, match="weights_hash"):
+        D.run_distillation(seed1, src, tmp_path / "out", CFG, split=None)
+    # a dataset finalized by older code (identity without the fingerprint): on its keys + name
+    from drafters.target import LEGACY_KEYS
+
+    old = {k: tiny.identity.to_dict()[k] for k in LEGACY_KEYS}
+    finalize(tmp_path / "out", old)
+    load_distilled(tmp_path / "out", tiny.identity)
+    with pytest.raises(ValueError, match="name: .*seed0.*seed1"):
+        load_distilled(tmp_path / "out", seed1.identity)
+
+
+def test_manifest_with_an_older_identity_resumes(tmp_path, tiny):
+    """A manifest written before the weights fingerprint ({name, hidden_size, vocab_size,
+    tokenizer_hash}) resumes with the same model, keeping its entry; another name or
+    tokenizer is refused."""
+    from drafters.target import LEGACY_KEYS
+    from drafters.testing import tiny_target
+
+    src = make_source(tmp_path / "c.jsonl", n=4)
+    out = tmp_path / "out"
+    D.run_distillation(tiny, src, out, CFG, split=None, max_conversations=3)
+    manifest = json.loads((out / "manifest.json").read_text())
+    old = {k: manifest["target"][k] for k in LEGACY_KEYS}
+    manifest["target"] = old
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    stats = D.run_distillation(tiny, src, out, CFG, split=None)  # grows: one more batch
+    assert stats["batches_resumed"] == 1 and stats["batches"] == 2
+    assert json.loads((out / "manifest.json").read_text())["target"] == old
+    finalize(out, old)
+    load_distilled(out, tiny.identity)
+
+    for other, field in (({**old, "name": "another-model"}, "name"), (old, "tokenizer_hash")):
+        manifest["target"] = other
+        (out / "manifest.json").write_text(json.dumps(manifest))
+        target = tiny
+        if field == "tokenizer_hash":
+            target = tiny_target(seed=0)
+            target.tokenizer.add_tokens(["<|extra|>"])
+        with pytest.raises(
+            DistillResumeError, match=f"(?s)settings \\(target\\).*\n  {field}: distillation "
+        ):
+            D.run_distillation(target, src, out, CFG, split=None)
+
+
 @pytest.mark.slow
 def test_end_to_end_with_the_embedded_target(tmp_path):
     """`python data/distill.py` as a user runs it, on real ShareGPT with real SmolLM2."""

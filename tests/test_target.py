@@ -34,8 +34,9 @@ def test_target_is_frozen_and_not_a_module(tiny):
 
 
 def test_identity_mismatch_names_both(tiny):
-    other = tiny_target(seed=1)
-    assert tiny.identity.mismatch(other.identity, "x") is None  # same shapes and tokenizer
+    other = tiny_target(seed=1)  # same shapes and tokenizer, other weights
+    msg = tiny.identity.mismatch(other.identity, "x")
+    assert "weights_hash" in msg and other.name in msg and tiny.name in msg
     bigger = tiny_target(hidden_size=32, seed=0)
     msg = tiny.identity.mismatch(bigger.identity, "cache /c")
     assert "hidden_size" in msg and bigger.name in msg and tiny.name in msg

@@ -91,6 +91,47 @@ def test_cache_for_another_tokenizer_or_data_is_refused(tmp_path, tiny, tiny_dis
         FeatureCache(tmp_path / "c", tiny, examples_of(tiny, tiny_distilled, max_length=16))
 
 
+def test_data_of_another_model_with_the_same_shapes_is_refused(tmp_path, tiny, tiny_distilled):
+    """seed 1 shares seed 0's architecture and tokenizer, not its weights: training on seed 1
+    refuses seed 0's corpus and feature cache, naming both targets."""
+    seed1 = tiny_target(seed=1)
+    dm = DistilledDataModule(str(tiny_distilled), max_length=64, val_fraction=0.25)
+    with pytest.raises(ValueError, match="weights_hash") as e:
+        dm.attach(seed1).setup()
+    assert tiny.name in str(e.value) and seed1.name in str(e.value)
+
+    ex = examples_of(tiny, tiny_distilled)
+    build_feature_cache(tiny, ex, tmp_path / "c", dtype="float32")
+    with pytest.raises(FeatureCacheError, match="weights_hash") as e:
+        FeatureCache(tmp_path / "c", seed1, ex)
+    assert tiny.name in str(e.value) and seed1.name in str(e.value)
+    with pytest.raises(FeatureCacheError, match="weights_hash"):
+        build_feature_cache(seed1, ex, tmp_path / "c", dtype="float32")
+
+
+def test_cache_with_an_older_identity_still_loads(tmp_path, tiny, tiny_distilled):
+    """A cache whose meta holds an identity written before the fingerprint: compared on the
+    keys it has and the name; reads and resumes with the right target."""
+    import json
+
+    from drafters.target import LEGACY_KEYS
+
+    ex = examples_of(tiny, tiny_distilled)
+    build_feature_cache(tiny, ex, tmp_path / "c", dtype="float32", shard_examples=4)
+    meta_path = tmp_path / "c" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["target"] = {k: meta["target"][k] for k in LEGACY_KEYS}
+    meta_path.write_text(json.dumps(meta))
+    FeatureCache(tmp_path / "c", tiny, ex)
+    (tmp_path / "c" / "shard-000001.npy").unlink()
+    build_feature_cache(tiny, ex, tmp_path / "c", dtype="float32", shard_examples=4)
+    assert (tmp_path / "c" / "shard-000001.npy").exists()
+    meta["target"]["name"] = "another-model"
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(FeatureCacheError, match="name: .*'another-model'"):
+        FeatureCache(tmp_path / "c", tiny, ex)
+
+
 def test_online_and_offline_batches_are_identical(tmp_path, tiny, tiny_distilled):
     online = DistilledDataModule(
         str(tiny_distilled), max_length=64, batch_size=3, val_fraction=0.25

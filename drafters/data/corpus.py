@@ -135,11 +135,9 @@ def finalize(
     return ds, stats
 
 
-def load_distilled(path: str | Path, target_identity=None):
-    """The distilled dataset at `path` (the `dataset` folder or its parent), checked against the
-    target it will train a drafter for."""
-    from datasets import load_from_disk
-
+def dataset_meta(path: str | Path) -> tuple[Path, dict]:
+    """The dataset folder at `path` (the `dataset` folder or its parent) and its
+    drafters_meta.json (target identity, distillation manifest, statistics), without the data."""
     path = Path(path)
     if (path / "dataset").is_dir():
         path = path / "dataset"
@@ -149,9 +147,23 @@ def load_distilled(path: str | Path, target_identity=None):
             f"no distilled dataset at {path}; make it with `python data/distill.py` "
             "(see README: Data)"
         )
-    meta = json.loads(meta_path.read_text())
+    return path, json.loads(meta_path.read_text())
+
+
+def check_dataset_target(path: str | Path, target_identity) -> None:
+    """Refuse a dataset another target distilled (TargetIdentity.mismatch names both)."""
+    path, meta = dataset_meta(path)
+    problem = target_identity.mismatch(meta["target"], f"distilled dataset {path}")
+    if problem:
+        raise ValueError(problem)
+
+
+def load_distilled(path: str | Path, target_identity=None):
+    """The distilled dataset at `path` (the `dataset` folder or its parent), checked against the
+    target it will train a drafter for."""
+    from datasets import load_from_disk
+
+    path, meta = dataset_meta(path)
     if target_identity is not None:
-        problem = target_identity.mismatch(meta["target"], f"distilled dataset {path}")
-        if problem:
-            raise ValueError(problem)
+        check_dataset_target(path, target_identity)
     return load_from_disk(str(path)), meta

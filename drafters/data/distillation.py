@@ -24,7 +24,7 @@ from drafters.data.corpus import DistillResumeError, finalize, shard_path
 from drafters.data.engines import Engine, Request, SamplingConfig, make_engine
 from drafters.data.engines.vllm_client import VLLM_DEFAULTS
 from drafters.io_utils import write_json_atomic
-from drafters.target import Target
+from drafters.target import Target, TargetIdentity
 
 
 @dataclass(frozen=True)
@@ -193,12 +193,25 @@ def run_distillation(
         old.pop("max_conversations", None)
         old.pop("num_batches", None)
         old_engine = old.pop("engine", None)
-        if old != manifest:
-            diff = sorted(k for k in manifest if old.get(k) != manifest[k])
+        # the target by `TargetIdentity.mismatch` (an identity written by older code is
+        # compared on the fields it holds, and kept: it is what the finished batches were
+        # checked against); the other settings exactly
+        old_target = old.pop("target", None)
+        problem = (
+            target.identity.mismatch(old_target, f"distillation {out_dir}")
+            if TargetIdentity.is_identity(old_target)
+            else f"{out_dir}: the manifest's target entry is not a target identity"
+        )
+        settings = {k: v for k, v in manifest.items() if k != "target"}
+        if problem or old != settings:
+            diff = sorted(k for k in settings if old.get(k) != settings[k])
+            diff = (["target"] if problem else []) + diff
             raise DistillResumeError(
                 f"{out_dir} holds a distillation made with other settings ({', '.join(diff)}); "
                 "use another output folder (out_dir=...) or delete this one"
+                + (f"\n{problem}" if problem else "")
             )
+        manifest["target"] = old_target
     else:
         old_engine = None
     manifest["max_conversations"] = max_conversations  # may grow between runs

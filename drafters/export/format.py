@@ -9,8 +9,9 @@ config.json (format_version 1):
     format_version    1
     kind              "medusa" | "cerberus" | "falcon"
     model             the drafter's full config (the dataclass fields of MedusaConfig, ...)
-    target            identity of the target it was trained on: name, hidden_size, vocab_size,
-                      tokenizer_hash (`TargetIdentity`); a target that differs is refused
+    target            identity of the target it was trained on: name, architecture, tokenizer_hash,
+                      weights_hash (`TargetIdentity`); a target that differs is refused (a
+                      drafter exported before weights_hash: on the fields it has and the name)
     tree              {"name": preset name or null, "spec": list of paths}: ranks per depth, per
                       head for head drafters (`drafters.decoding.tree`), per drafter block of k
                       depths for Falcon (`drafters.decoding.falcon_tree`); written out in full,

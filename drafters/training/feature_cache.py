@@ -68,7 +68,10 @@ def build_feature_cache(
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
         problem = target.identity.mismatch(old["target"], f"feature cache {folder}")
-        if problem or {k: v for k, v in old.items() if k != "bytes_per_token"} != meta:
+        # the target is compared by `mismatch` (an older identity on the keys it holds)
+        skip = ("bytes_per_token", "target")
+        settings = {k: v for k, v in meta.items() if k not in skip}
+        if problem or {k: v for k, v in old.items() if k not in skip} != settings:
             raise FeatureCacheError(
                 (problem or f"feature cache {folder} was built from other examples or settings")
                 + "; delete it or choose another data.cache_dir"
