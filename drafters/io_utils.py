@@ -73,6 +73,16 @@ def replace_dir(src: Path, dst: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def share(folder: Path) -> None:
+    """Modes as the umask gives a plainly created file: mkdtemp makes 0700 folders and
+    safetensors 0600 files, which another user or a serving container could not read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [Path(folder), *Path(folder).rglob("*")]:
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
 @contextmanager
 def staged_dir(dst: Path, replace: bool = True) -> Iterator[Path]:
     """An empty folder beside `dst` to fill; when the block ends without error it becomes `dst`
@@ -82,8 +92,8 @@ def staged_dir(dst: Path, replace: bool = True) -> Iterator[Path]:
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
     try:
-        tmp.chmod(0o755)  # mkdtemp's 0o700 would survive the rename
         yield tmp
+        share(tmp)
         if replace:
             replace_dir(tmp, dst)
         else:

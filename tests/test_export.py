@@ -123,6 +123,25 @@ def test_another_target_is_refused_naming_both(tiny_exported):
         load_drafter(tiny_exported["cerberus"], retok)
 
 
+def test_another_model_with_the_same_shapes_is_refused(tmp_path, tiny, tiny_exported):
+    """seed 1 has seed 0's architecture and tokenizer but other weights: not its drafter. A
+    drafter exported before the weights fingerprint still loads on its own target."""
+    from drafters.target import LEGACY_KEYS
+
+    seed1 = tiny_target(seed=1)
+    with pytest.raises(DrafterMismatchError, match="weights_hash") as e:
+        load_drafter(tiny_exported["medusa"], seed1)
+    assert "tiny-random-llama-seed0" in str(e.value) and "tiny-random-llama-seed1" in str(e.value)
+
+    old = shutil.copytree(tiny_exported["medusa"], tmp_path / "old")
+    cfg = json.loads((old / "config.json").read_text())
+    cfg["target"] = {k: cfg["target"][k] for k in LEGACY_KEYS}
+    (old / "config.json").write_text(json.dumps(cfg))
+    load_drafter(old, tiny)
+    with pytest.raises(DrafterMismatchError, match="name: .*seed0.*seed1"):
+        load_drafter(old, seed1)
+
+
 def rewrite(ckpt_path, out_path, edit):
     ckpt = torch.load(ckpt_path, weights_only=True)
     edit(ckpt)
@@ -312,3 +331,15 @@ def test_gate_errors(tiny, tiny_exported):
         speculative_decode(tiny, load_drafter(tiny_exported["medusa"], tiny), ids, 4, "learned")
     with pytest.raises(ValueError, match="no gate"):
         speculative_decode(tiny, load_drafter(tiny_exported["falcon"], tiny), ids, 4, "entropy")
+
+
+def test_exported_files_are_readable_by_others(tmp_path, tiny_checkpoints):
+    import os
+
+    old = os.umask(0o022)
+    try:
+        out = export_checkpoint(tiny_checkpoints["medusa"], tmp_path / "shared")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [out, *out.iterdir()]}
+    assert modes == {"shared": 0o755, "config.json": 0o644, "model.safetensors": 0o644}

@@ -1,6 +1,7 @@
 """The atomic writes every module publishes through: files, create-once files, folders."""
 
 import json
+import os
 
 import pytest
 
@@ -74,9 +75,16 @@ def test_staged_dir_appears_whole_or_not_at_all(tmp_path):
         (tmp / "part").write_text("1")
         raise RuntimeError("killed")
     assert list(tmp_path.iterdir()) == []
-    with staged_dir(dst) as tmp:
-        (tmp / "part").write_text("2")
-    assert (dst / "part").read_text() == "2" and oct(dst.stat().st_mode & 0o777) == "0o755"
+    old = os.umask(0o022)
+    try:
+        with staged_dir(dst) as tmp:
+            (tmp / "part").write_text("2")
+            (tmp / "part").chmod(0o600)  # as safetensors writes its files
+    finally:
+        os.umask(old)
+    assert (dst / "part").read_text() == "2"
+    assert oct(dst.stat().st_mode & 0o777) == "0o755"
+    assert oct((dst / "part").stat().st_mode & 0o777) == "0o644"  # readable by a server
     with staged_dir(dst) as tmp:  # replaces
         (tmp / "other").write_text("3")
     assert sorted(p.name for p in dst.iterdir()) == ["other"]

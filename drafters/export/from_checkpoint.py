@@ -12,9 +12,12 @@ by a hard kill) has no config.json, so it does not load.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +51,50 @@ def read_checkpoint(path: str | Path) -> dict:
     Returns {"hparams", "drafter" (state dict without prefix), "gate", "entropy_gate",
     "global_step", "epoch"}. Any problem raises ExportError naming the file.
     """
-    path = Path(path)
-    if not path.is_file():
+    path = Path(path).expanduser()
+    if path.is_dir():
+        ckpt = read_deepspeed_checkpoint(path)
+    elif not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    else:
+        ckpt = _load_file(path)
+    return _validate(ckpt, path)
+
+
+def read_deepspeed_checkpoint(folder: Path) -> dict:
+    """The Lightning checkpoint inside a DeepSpeed checkpoint folder (what Lightning's
+    DeepSpeedStrategy writes instead of a file: `latest`, `checkpoint/` with the ZeRO shards),
+    its ZeRO-sharded weights gathered into one fp32 state_dict by Lightning's
+    `convert_zero_checkpoint_to_fp32_state_dict`. DeepSpeed's shard files hold pickled Python
+    objects, so they are unpickled (weights_only=False): export only folders you trust."""
+    if not (folder / "latest").is_file():
+        raise ExportError(
+            f"{folder}: a folder, but not a DeepSpeed checkpoint (no `latest` file in it)"
+        )
+    try:
+        from lightning.pytorch.utilities.deepspeed import (
+            convert_zero_checkpoint_to_fp32_state_dict,
+        )
+    except ModuleNotFoundError as e:
+        raise ExportError(
+            f"{folder}: a DeepSpeed checkpoint; reading it needs deepspeed ({e})"
+        ) from e
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # its progress lines
+                return convert_zero_checkpoint_to_fp32_state_dict(folder, Path(tmp) / "fp32.ckpt")
+        except ModuleNotFoundError as e:
+            raise ExportError(
+                f"{folder}: reading a DeepSpeed checkpoint needs deepspeed ({e})"
+            ) from e
+        except Exception as e:
+            raise ExportError(
+                f"{folder}: cannot convert the DeepSpeed checkpoint ({type(e).__name__}: "
+                f"{str(e)[:300]})"
+            ) from e
+
+
+def _load_file(path: Path) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, not a torch file, pickled objects, ...
@@ -58,6 +102,10 @@ def read_checkpoint(path: str | Path) -> dict:
             f"{path}: cannot read the checkpoint ({type(e).__name__}: {str(e)[:300]}); "
             "is the file truncated or not a drafters training checkpoint?"
         ) from e
+    return ckpt
+
+
+def _validate(ckpt, path: Path) -> dict:
     if not isinstance(ckpt, dict):
         raise ExportError(f"{path}: not a Lightning checkpoint (a {type(ckpt).__name__})")
     missing = [k for k in ("hyper_parameters", "state_dict") if k not in ckpt]
@@ -80,9 +128,7 @@ def read_checkpoint(path: str | Path) -> dict:
         raise ExportError(f"{path}: unknown gate {gate!r}; expected null, entropy or learned")
     if gate is not None and kind not in HEAD_KINDS:
         raise ExportError(f"{path}: a {kind} drafter has no gate, but gate={gate!r}")
-    if not isinstance(hp["target"], dict) or set(hp["target"]) != set(
-        TargetIdentity.__dataclass_fields__
-    ):
+    if not TargetIdentity.is_identity(hp["target"]):
         raise ExportError(f"{path}: hyper_parameters.target is not a target identity")
 
     groups: dict[str, dict[str, torch.Tensor]] = {"drafter": {}, "gate": {}, "entropy_gate": {}}
