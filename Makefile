@@ -51,7 +51,7 @@ demo: setup
 	$(PY) data/distill.py max_conversations=32 run_name=demo
 	$(PY) train.py +experiment=falcon_smollm2 run_name=demo_falcon logger=csv \
 		data.dataset_dir=data/distilled/demo/train data.val_fraction=0.15 \
-		trainer.max_steps=$(DEMO_STEPS) trainer.max_epochs=100 \
+		trainer.max_steps=$(DEMO_STEPS) trainer.max_epochs=100 overwrite=true \
 		trainer.val_check_interval=$(DEMO_STEPS) trainer.check_val_every_n_epoch=null \
 		callbacks.checkpoint.every_n_train_steps=$(DEMO_STEPS) optim.warmup_steps=5
 	$(VENV)/bin/drafters-export logs/train/demo_falcon/checkpoints/last.ckpt outputs/demo/falcon \

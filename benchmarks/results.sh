@@ -69,9 +69,10 @@ stage_corpus() {
 }
 
 trained() { [ -f "$(run_dir "$1")/checkpoints/last.ckpt" ] &&
-  $PY -c "import sys,torch; sys.exit(torch.load(sys.argv[1], map_location='cpu', weights_only=False)['global_step'] < $STEPS)" \
+  $PY -c "import sys,torch; sys.exit(torch.load(sys.argv[1], map_location='cpu', weights_only=True)['global_step'] < $STEPS)" \
     "$(run_dir "$1")/checkpoints/last.ckpt"; }
-running() { pgrep -f "run_name=results_$1 " > /dev/null; }
+# this user's training process of that run, not any process whose command line mentions it
+running() { pgrep -u "$(id -u)" -f "train[.]py .*run_name=results_$1( |\$)" > /dev/null; }
 
 train_cmd() { echo "$PY train.py +experiment=$2 run_name=results_$1 $3 $BUDGET ckpt_path=last"; }
 
@@ -121,7 +122,7 @@ tune_one() {  # NAME (a run) or "peers"; skipped when its result is newer than t
     [ "$res" -nt "$(run_dir "$name")/checkpoints/last.ckpt" ] &&
       { echo "[results] tune $name: done"; return; }
   fi
-  if pgrep -f "drafters[.]tune $args " > /dev/null; then
+  if pgrep -u "$(id -u)" -f "drafters[.]cli tune $args( |\$)" > /dev/null; then
     echo "[results] tune $name: running in another process"; return
   fi
   $(tune_cmd "$args") > "$LOG/tune_$name.log" 2>&1

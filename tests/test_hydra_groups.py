@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from train_helpers import ROOT, compose_config, tiny_overrides
 
 from drafters.training.loggers import AppendingCSVLogger
-from drafters.training.run import FinalLastCheckpoint, instantiate_group, train
+from drafters.training.run import RunCheckpoint, instantiate_group, train
 
 CALLBACKS = sorted(p.stem for p in (ROOT / "conf" / "callbacks").glob("*.yaml"))
 LOGGERS = sorted(p.stem for p in (ROOT / "conf" / "logger").glob("*.yaml"))
@@ -54,7 +54,7 @@ def built(monkeypatch):
 
 def test_default_groups_are_the_old_callbacks_and_loggers(tmp_path, tiny_distilled, no_wandb_env):
     cfg = compose_config("train", base(tmp_path, tiny_distilled))
-    assert list(cfg.callbacks) == ["checkpoint", "final_last_checkpoint", "lr_monitor"]
+    assert list(cfg.callbacks) == ["checkpoint", "lr_monitor"]
     cbs = instantiate_group(cfg.callbacks, "callbacks")
     ckpt = next(c for c in cbs if isinstance(c, ModelCheckpoint))
     assert Path(ckpt.dirpath) == (Path(cfg.run_dir) / "checkpoints").resolve()
@@ -63,7 +63,7 @@ def test_default_groups_are_the_old_callbacks_and_loggers(tmp_path, tiny_distill
     assert ckpt.filename == "step{step:07d}" and not ckpt.auto_insert_metric_name
     lr = next(c for c in cbs if isinstance(c, LearningRateMonitor))
     assert lr.logging_interval == "step"
-    assert any(isinstance(c, FinalLastCheckpoint) for c in cbs)
+    assert isinstance(ckpt, RunCheckpoint)
     loggers = instantiate_group(cfg.logger, "logger")
     assert [type(lg) for lg in loggers] == [WandbLogger, AppendingCSVLogger]  # W&B first
     w = loggers[0]
@@ -122,7 +122,7 @@ def test_tensorboard_early_stopping_and_throughput_from_the_command_line(
     (trainer,) = built
     assert [type(lg) for lg in trainer.loggers] == [TensorBoardLogger, AppendingCSVLogger]
     kinds = {type(c).__name__ for c in trainer.callbacks}
-    assert {"ModelCheckpoint", "FinalLastCheckpoint", "EarlyStopping", "ThroughputMonitor"} <= kinds
+    assert {"RunCheckpoint", "EarlyStopping", "ThroughputMonitor"} <= kinds
     assert "ModelSummary" in kinds and "LearningRateMonitor" not in kinds
     es = next(c for c in trainer.callbacks if isinstance(c, EarlyStopping))
     assert es.monitor == "val/loss" and es.patience == 5

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from drafters.data.corpus import load_distilled
 from drafters.data.sharegpt import split_bucket, split_of
 from drafters.target import Target
+from drafters.training.checks import require_dataset
 from drafters.training.examples import ConversationExamples, LengthBucketBatchSampler, collate
 from drafters.training.feature_cache import FeatureCache
 
@@ -72,14 +73,7 @@ class DistilledDataModule(L.LightningDataModule):
     def load_examples(self) -> tuple[ConversationExamples, ConversationExamples]:
         if self.target is None:
             raise RuntimeError("call datamodule.attach(target) before setup")
-        if (
-            not (Path(self.dataset_dir) / "dataset").is_dir()
-            and not Path(self.dataset_dir).joinpath("drafters_meta.json").is_file()
-        ):
-            raise FileNotFoundError(
-                f"no distilled dataset at {self.dataset_dir}; make it first with:\n  "
-                f"{self.distill_command}"
-            )
+        require_dataset(self.dataset_dir, self.distill_command)
         ds, _ = load_distilled(self.dataset_dir, self.target.identity)
         rows = ds.to_list()
         # validation = held-out conversations (by id) of the distilled training split; a small
@@ -95,10 +89,20 @@ class DistilledDataModule(L.LightningDataModule):
                 "distil more conversations or change data.val_fraction"
             )
         tok, eos = self.target.tokenizer, self.target.eos_token_ids
-        return (
+        sets = (
             ConversationExamples(train, tok, self.max_length, eos),
             ConversationExamples(val, tok, self.max_length, eos),
         )
+        for name, examples, rows_of in zip(
+            ("train", "validation"), sets, (train, val), strict=True
+        ):
+            if len(examples) == 0:  # every answer starts past max_length: nothing to learn
+                raise ValueError(
+                    f"{self.dataset_dir}: no {name} example keeps an answer token within "
+                    f"data.max_length={self.max_length} ({examples.dropped} of {len(rows_of)} "
+                    "conversations dropped); raise data.max_length"
+                )
+        return sets
 
     def cache_folder(self, split: str) -> Path:
         return Path(self.cache_dir) / split

@@ -10,16 +10,24 @@ conf/logger/), the lightning-hydra-template shape: add, drop or swap them from t
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import warnings
 from pathlib import Path
 
 import lightning as L
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from drafters.models import CerberusConfig, FalconConfig, MedusaConfig
 from drafters.target import Target
+from drafters.training.checks import (
+    check_config,
+    check_dataset_identity,
+    claim_run_dir,
+    global_rank,
+    require_dataset,
+)
 from drafters.training.module import DrafterLitModule
 
 
@@ -47,26 +55,35 @@ def build_module(cfg: DictConfig, target: Target) -> DrafterLitModule:
     ).attach(target)
 
 
-class FinalLastCheckpoint(Callback):
-    """last.ckpt holds the final step when training ends. ModelCheckpoint saves it only with a
-    periodic save, so a run whose max_steps is not a multiple of every_n_train_steps would end
-    with last.ckpt (what drafters-export and `ckpt_path=last` read) up to n - 1 steps behind.
-    It writes `last.ckpt` in the dirpath of the trainer's ModelCheckpoint, and nothing when that
-    has save_last off (or there is none): conf/callbacks/final_last_checkpoint.yaml."""
+class RunCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint (periodic and best-k saves), with one `last.ckpt` per run:
 
-    def __init__(self) -> None:
-        self.saved_step = -1
+    - last.ckpt is overwritten in place, never versioned into last-v1.ckpt, last-v2.ckpt... on a
+      restart or requeue (at 7B, ~5 GB each with the optimizer state);
+    - it holds the final step when training ends, even when max_steps is not a multiple of
+      every_n_train_steps (Lightning saves the last one at the end only if it never saved one);
+    - when training ends the pre-emption checkpoints Lightning left in the run folder
+      (hpc_ckpt_N.ckpt) are older than last.ckpt, and deleted (`prune_preemption_checkpoints`
+      also keeps only the newest one when a requeued job starts).
+    conf/callbacks/checkpoint.yaml."""
 
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module, checkpoint: dict) -> None:
-        self.saved_step = trainer.global_step  # any checkpoint: periodic, last, pre-emption
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("enable_version_counter", False)
+        super().__init__(**kwargs)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        ckpt = trainer.checkpoint_callback
-        if not isinstance(ckpt, ModelCheckpoint) or not ckpt.save_last or not ckpt.dirpath:
-            return
-        if trainer.global_step > 0 and self.saved_step != trainer.global_step:
-            # every rank calls it; the strategy writes once
-            trainer.save_checkpoint(Path(ckpt.dirpath) / "last.ckpt")
+        if self.save_last and 0 < trainer.global_step != self._last_global_step_saved:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if self.save_last and trainer.is_global_zero:
+            prune_preemption_checkpoints(Path(trainer.default_root_dir), keep=None)
+
+
+def prune_preemption_checkpoints(run_dir: Path, keep: str | None) -> None:
+    """Delete the run folder's hpc_ckpt_N.ckpt (one per SLURM pre-emption, ~5 GB each at 7B)
+    but `keep`, the one a requeued job resumes from; a run that ends keeps none."""
+    for old in run_dir.glob("hpc_ckpt_*.ckpt"):
+        if keep is None or old.resolve() != Path(keep).resolve():
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
 def batch_size(batch: dict) -> int:
@@ -102,18 +119,28 @@ def build_strategy(cfg: DictConfig):
     return instantiate(s)
 
 
+def is_checkpoint(path: Path) -> bool:
+    """A Lightning checkpoint file, or the folder DeepSpeed writes in its place (Lightning's
+    DeepSpeedStrategy: `last.ckpt/` with `latest` and `checkpoint/` inside)."""
+    return path.is_file() or (path.is_dir() and (path / "latest").is_file())
+
+
 def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
     """`last`: the newest of this run's `checkpoints/last.ckpt` and the `hpc_ckpt_N.ckpt` that
-    Lightning writes on SLURM's pre-emption signal; None on a first start."""
+    Lightning writes on SLURM's pre-emption signal, file or DeepSpeed folder; None on a first
+    start."""
     if ckpt_path in (None, "", "null"):
         return None
     if ckpt_path == "last":
         found = [run_dir / "checkpoints" / "last.ckpt", *run_dir.glob("hpc_ckpt_*.ckpt")]
-        found = [p for p in found if p.is_file()]
+        found = [p for p in found if is_checkpoint(p)]
         return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
-    if not Path(ckpt_path).is_file():
-        raise FileNotFoundError(f"ckpt_path={ckpt_path!r} does not exist")
-    return ckpt_path
+    path = Path(ckpt_path).expanduser()
+    if not is_checkpoint(path):
+        raise FileNotFoundError(
+            f"ckpt_path={ckpt_path!r} is not a checkpoint file or DeepSpeed checkpoint folder"
+        )
+    return str(path)
 
 
 def train(cfg: DictConfig) -> dict:
@@ -121,8 +148,16 @@ def train(cfg: DictConfig) -> dict:
     # Our batch sampler resumes mid-epoch from the trainer's own progress counters
     # (DistilledDataModule), which Lightning cannot see: its warning does not apply.
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended")
-    L.seed_everything(cfg.seed, workers=True)
+    check_config(cfg)
+    require_dataset(cfg.data.dataset_dir, cfg.data.get("distill_command", "python data/distill.py"))
+    check_dataset_identity(cfg)
     run_dir = Path(cfg.run_dir)
+    ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
+    claim_run_dir(run_dir, resuming=cfg.ckpt_path not in (None, "", "null"),
+                  overwrite=bool(cfg.get("overwrite", False)))  # fmt: skip
+    if ckpt_path is not None and global_rank() == 0:
+        prune_preemption_checkpoints(run_dir, keep=ckpt_path)
+    L.seed_everything(cfg.seed, workers=True)
     target: Target = instantiate(cfg.target)
     datamodule = instantiate(cfg.data).attach(target)
     module = build_module(cfg, target)
@@ -133,7 +168,6 @@ def train(cfg: DictConfig) -> dict:
         callbacks=instantiate_group(cfg.get("callbacks"), "callbacks"),
         default_root_dir=str(run_dir),
     )
-    ckpt_path = resolve_ckpt_path(cfg.ckpt_path, run_dir)
     env = getattr(trainer.strategy, "cluster_environment", None)
     print(
         f"[train] rank {trainer.global_rank}/{trainer.world_size} "
