@@ -178,7 +178,7 @@ def test_dataset_of_another_model_with_the_same_shapes_is_refused(tmp_path, tiny
     with pytest.raises(DistillResumeError, match="weights_hash"):
         D.run_distillation(seed1, src, tmp_path / "out", CFG, split=None)
     # a dataset finalized by older code (identity without the fingerprint): on its keys + name
-    from drafters.target import LEGACY_KEYS
+    from drafters.target_identity import LEGACY_KEYS
 
     old = {k: tiny.identity.to_dict()[k] for k in LEGACY_KEYS}
     finalize(tmp_path / "out", old)
@@ -191,7 +191,7 @@ def test_manifest_with_an_older_identity_resumes(tmp_path, tiny):
     """A manifest written before the weights fingerprint ({name, hidden_size, vocab_size,
     tokenizer_hash}) resumes with the same model, keeping its entry; another name or
     tokenizer is refused."""
-    from drafters.target import LEGACY_KEYS
+    from drafters.target_identity import LEGACY_KEYS
     from drafters.testing import tiny_target
 
     src = make_source(tmp_path / "c.jsonl", n=4)

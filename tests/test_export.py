@@ -126,7 +126,7 @@ def test_another_target_is_refused_naming_both(tiny_exported):
 def test_another_model_with_the_same_shapes_is_refused(tmp_path, tiny, tiny_exported):
     """seed 1 has seed 0's architecture and tokenizer but other weights: not its drafter. A
     drafter exported before the weights fingerprint still loads on its own target."""
-    from drafters.target import LEGACY_KEYS
+    from drafters.target_identity import LEGACY_KEYS
 
     seed1 = tiny_target(seed=1)
     with pytest.raises(DrafterMismatchError, match="weights_hash") as e:

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from drafters.target import LEGACY_KEYS, Target, TargetError, from_pretrained
+from drafters.target import Target, TargetError, from_pretrained
+from drafters.target_identity import LEGACY_KEYS
 from drafters.testing import tiny_target, tiny_tokenizer
 
 
@@ -94,7 +95,7 @@ def test_fingerprint_from_bin_files_and_hub_snapshots(tmp_path, tiny, monkeypatc
     import huggingface_hub
     from huggingface_hub import errors
 
-    from drafters.target import weights_fingerprint
+    from drafters.target_identity import weights_fingerprint
 
     folder = tmp_path / "bin"
     save(tiny, folder)

@@ -114,7 +114,7 @@ def test_cache_with_an_older_identity_still_loads(tmp_path, tiny, tiny_distilled
     keys it has and the name; reads and resumes with the right target."""
     import json
 
-    from drafters.target import LEGACY_KEYS
+    from drafters.target_identity import LEGACY_KEYS
 
     ex = examples_of(tiny, tiny_distilled)
     build_feature_cache(tiny, ex, tmp_path / "c", dtype="float32", shard_examples=4)

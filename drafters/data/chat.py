@@ -9,8 +9,9 @@ So an assistant span is found by rendering the conversation incrementally:
 
 and the span is upto_i's tokens past prefix_i's, up to and including the first end-of-turn token
 (EOS), or, for a distilled conversation, the ids the target generated there, verbatim. Tokens
-the template adds after EOS (ChatML's "\\n") are never generated, so they are not in the mask. A tokenizer that does not tokenize prefix_i as a prefix of upto_i is an error: the
-training render would then differ from serving.
+the template adds after EOS (ChatML's "\\n") are never generated, so they are not in the mask.
+A tokenizer that does not tokenize prefix_i as a prefix of upto_i is an error: the training
+render would then differ from serving.
 """
 
 from __future__ import annotations

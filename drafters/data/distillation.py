@@ -1,11 +1,11 @@
 """Self-distillation: the target regenerates every assistant turn of real conversations.
 
-Turn by turn, each turn conditioned on the target's *own* earlier answers (docs/design.md section 1),
-greedy by default, batched with left padding. Work is done in fixed batches of conversations
-and each finished batch is written atomically as one shard, so a killed run restarted with the
-same command redoes only the unfinished batch: no conversation lost, none duplicated, and the
-same batches (hence the same outputs) as an uninterrupted run. `drafters.data.corpus.finalize`
-merges the shards into the dataset that training reads.
+Turn by turn, each turn conditioned on the target's *own* earlier answers (docs/design.md
+section 1), greedy by default, batched with left padding. Work is done in fixed batches of
+conversations and each finished batch is written atomically as one shard, so a killed run
+restarted with the same command redoes only the unfinished batch: no conversation lost, none
+duplicated, and the same batches (hence the same outputs) as an uninterrupted run.
+`drafters.data.corpus.finalize` merges the shards into the dataset that training reads.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from drafters.data.chat import render_prompt
-from drafters.data.sharegpt import Conversation, ReadStats, read_conversations
 from drafters.data.corpus import DistillResumeError, finalize, shard_path
 from drafters.data.engines import Engine, Request, SamplingConfig, make_engine
 from drafters.data.engines.vllm_client import VLLM_DEFAULTS
+from drafters.data.sharegpt import Conversation, ReadStats, read_conversations
 from drafters.io_utils import write_json_atomic
-from drafters.target import Target, TargetIdentity
+from drafters.target import Target
+from drafters.target_identity import TargetIdentity
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from drafters.export.format import (
 )
 from drafters.io_utils import staged_dir
 from drafters.models import DRAFTERS, HEAD_KINDS, EntropyGate, LearnedGate, LearnedGateConfig
-from drafters.target import TargetIdentity
+from drafters.target_identity import TargetIdentity
 
 # ---- reading a Lightning checkpoint ---------------------------------------------------------
 

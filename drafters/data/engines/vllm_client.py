@@ -18,7 +18,9 @@ from drafters.data.engines import Engine, OnDone, Request, SamplingConfig
 from drafters.target import Target
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
-REPO_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"  # `make setup-vllm`
+REPO_VENV = (
+    Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
+)  # `make setup-vllm`
 # generation.vllm in conf/distill.yaml, which documents each (tests/test_distill.py: they agree)
 VLLM_DEFAULTS = {
     "python": None,

@@ -2,8 +2,8 @@
 
 Runs under the Python that has vLLM (`.venv-vllm/bin/python`, made by `make setup-vllm`: vLLM
 pins its own torch and transformers), so it imports nothing from `drafters`, only the standard
-library and vLLM. The parent (`drafters.data.engines.vllm_client`) speaks JSON lines over stdin/stdout;
-vLLM's own logging goes to stderr.
+library and vLLM. The parent (`drafters.data.engines.vllm_client`) speaks JSON lines over
+stdin/stdout; vLLM's own logging goes to stderr.
 
 Protocol, lock-step so that the engine's batches (and so its outputs) depend only on the
 requests, never on timing:
