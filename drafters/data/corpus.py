@@ -23,12 +23,14 @@ def shard_path(out_dir: Path, batch_index: int) -> Path:
     return out_dir / "shards" / f"batch-{batch_index:06d}.json"
 
 
-def load_records(out_dir: str | Path, num_batches: int | None = None) -> list[dict]:
+def load_records(
+    out_dir: str | Path, num_batches: int | None = None, require_all: bool = True
+) -> list[dict]:
     """All distilled records in source order, checked for overlap and (given the expected
-    number of batches) for missing batches."""
+    number of batches, unless require_all=False) for missing batches."""
     out_dir = Path(out_dir)
     paths = sorted((out_dir / "shards").glob("batch-*.json"))
-    if num_batches is not None:
+    if num_batches is not None and require_all:
         have = {int(p.stem.split("-")[1]) for p in paths}
         missing = sorted(set(range(num_batches)) - have)
         if missing:
@@ -71,8 +73,12 @@ def finalize(
     target_identity: dict,
     run_stats: dict | None = None,
     drop_length_cut: bool = False,
+    partial: bool = False,
 ):
     """Merge shards into `out_dir/dataset` (Arrow), atomically; returns (dataset, stats).
+
+    partial=True merges the batches distilled so far (a run still going, or stopped): a
+    snapshot to train on meanwhile, marked in stats["partial"]; the full merge replaces it.
 
     A conversation ends at its first answer cut by max_new_tokens (nothing after it was
     generated). drop_length_cut=False keeps that answer as the last turn, marked "length", and
@@ -86,7 +92,8 @@ def finalize(
     manifest = json.loads((out_dir / "manifest.json").read_text())
     drop_cut = drop_length_cut
     rows, finish, stopped = [], Counter(), Counter()
-    records = load_records(out_dir, manifest.get("num_batches"))
+    total = manifest.get("num_batches")
+    records = load_records(out_dir, total, require_all=not partial)
     dropped_turns = dropped_convs = 0
     for r in records:
         finish.update(r["finish"])
@@ -123,6 +130,10 @@ def finalize(
     }
     if run_stats:
         stats["run"] = run_stats
+    if partial:
+        merged = len({int(p.stem.split("-")[1]) for p in (out_dir / "shards").glob("batch-*.json")
+                      if total is None or int(p.stem.split("-")[1]) < total})  # fmt: skip
+        stats["partial"] = {"batches_merged": merged, "batches_total": total}
     stats["drop_length_cut"] = drop_cut
     meta = {"target": target_identity, "distill": manifest, "stats": stats}
     columns = {name: [row[name] for row in rows] for name in DATASET_FEATURES}

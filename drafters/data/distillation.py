@@ -322,7 +322,12 @@ def distill(cfg) -> dict | None:
     if cfg.stage == "generate":
         return None
     manifest = json.loads((Path(cfg.out_dir) / "manifest.json").read_text())
-    _, stats = finalize(cfg.out_dir, manifest["target"], run_stats, cfg.drop_length_cut)
+    partial = bool(cfg.get("merge_partial", False))
+    if partial and cfg.stage != "merge":
+        raise ValueError("merge_partial=true goes with stage=merge (a snapshot of the shards)")
+    _, stats = finalize(
+        cfg.out_dir, manifest["target"], run_stats, cfg.drop_length_cut, partial=partial
+    )
     print(json.dumps(stats, indent=1))
     print(f"[distill] dataset: {Path(cfg.out_dir) / 'dataset'}; stats: {cfg.out_dir}/stats.json")
     return stats
