@@ -42,7 +42,8 @@ $(VLLM_STAMP): Makefile
 	touch $@
 
 # The main job on the embedded default (SmolLM2-135M-Instruct, ShareGPT), small enough for a
-# laptop CPU: distil 32 conversations, train Falcon (k=2, CSGD) for DEMO_STEPS steps, export it,
+# laptop CPU: distil 32 conversations, train Falcon (k=2, CSGD) for DEMO_STEPS steps (exported
+# at the end of training: its best.ckpt on val/accept_len_est, conf/callbacks/publish.yaml),
 # benchmark it beside HF greedy, the in-house AR loop and HF prompt lookup on one MT-Bench
 # question per category, and print the table. Outputs: data/distilled/demo, logs/train/demo_falcon,
 # outputs/demo/.
@@ -53,9 +54,8 @@ demo: setup
 		data.dataset_dir=data/distilled/demo/train data.val_fraction=0.15 \
 		trainer.max_steps=$(DEMO_STEPS) trainer.max_epochs=100 overwrite=true \
 		trainer.val_check_interval=$(DEMO_STEPS) trainer.check_val_every_n_epoch=null \
-		callbacks.checkpoint.every_n_train_steps=$(DEMO_STEPS) optim.warmup_steps=5
-	$(VENV)/bin/drafters-export logs/train/demo_falcon/checkpoints/last.ckpt outputs/demo/falcon \
-		--tree falcon_k2_32 --force
+		callbacks.checkpoint.every_n_train_steps=$(DEMO_STEPS) optim.warmup_steps=5 \
+		callbacks.publish.out_dir=outputs/demo/falcon callbacks.publish.tree=falcon_k2_32
 	$(VENV)/bin/drafters-bench --bench mt_bench --per-category 1 --turns 1 --max-new-tokens 64 \
 		--methods hf_greedy ar hf_prompt_lookup --drafter outputs/demo/falcon \
 		--out outputs/demo/bench

@@ -15,6 +15,7 @@ import torch
 
 from drafters.decoding import DecodeResult, decode_heads, get_tree, measure_cost_ratio
 from drafters.decoding.falcon import decode_falcon
+from drafters.decoding.heads import draft_token_ids
 from drafters.export import LoadedDrafter
 from drafters.models import HEAD_KINDS
 from drafters.target import Target
@@ -33,8 +34,10 @@ def cost_ratio(target: Target, drafter: LoadedDrafter, prompt_len: int, tree: An
     f = torch.zeros(1, 1, target.hidden_size, dtype=target.dtype, device=target.device)
     root = torch.zeros((), dtype=torch.long, device=target.device)
 
+    token_ids = draft_token_ids(drafter.model)
+
     def draft():
-        return t.candidates(root, drafter.model(f, target.lm_head)[0, 0])
+        return t.candidates(root, drafter.model(f, target.lm_head)[0, 0], token_ids)
 
     return measure_cost_ratio(target, t, prompt_len, draft=draft)
 

@@ -70,7 +70,8 @@ def tiny_distilled(tmp_path_factory, tiny):
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory, tiny_distilled):
     """last.ckpt of a 3-step training run per drafter kind (real Hydra config, tiny target):
-    medusa (no gate), cerberus (learned gate), falcon."""
+    medusa (no gate), cerberus (learned gate), falcon; each with a 64-token draft vocabulary
+    (of the tiny target's 259), so every export and decoding test runs through one."""
     from pathlib import Path
 
     from train_helpers import compose_config, tiny_overrides
@@ -80,7 +81,10 @@ def tiny_checkpoints(tmp_path_factory, tiny_distilled):
     ckpts = {}
     for kind in ("medusa", "cerberus", "falcon"):
         root = tmp_path_factory.mktemp(f"train_{kind}")
-        cfg = compose_config("train", tiny_overrides(root, tiny_distilled, f"drafter={kind}"))
+        overrides = tiny_overrides(
+            root, tiny_distilled, f"drafter={kind}", "drafter.model.draft_vocab_size=64"
+        )
+        cfg = compose_config("train", overrides)
         train(cfg)
         ckpts[kind] = Path(cfg.run_dir) / "checkpoints" / "last.ckpt"
     return ckpts

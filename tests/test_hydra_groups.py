@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from train_helpers import ROOT, compose_config, tiny_overrides
 
 from drafters.training.loggers import AppendingCSVLogger
+from drafters.training.publish import PublishDrafter
 from drafters.training.run import RunCheckpoint, instantiate_group, train
 
 CALLBACKS = sorted(p.stem for p in (ROOT / "conf" / "callbacks").glob("*.yaml"))
@@ -54,16 +55,24 @@ def built(monkeypatch):
 
 def test_default_groups_are_the_old_callbacks_and_loggers(tmp_path, tiny_distilled, no_wandb_env):
     cfg = compose_config("train", base(tmp_path, tiny_distilled))
-    assert list(cfg.callbacks) == ["checkpoint", "lr_monitor"]
+    assert list(cfg.callbacks) == [
+        "checkpoint", "best_checkpoint", "early_stopping", "lr_monitor", "publish"
+    ]  # fmt: skip
     cbs = instantiate_group(cfg.callbacks, "callbacks")
-    ckpt = next(c for c in cbs if isinstance(c, ModelCheckpoint))
+    ckpt = next(c for c in cbs if isinstance(c, RunCheckpoint))
     assert Path(ckpt.dirpath) == (Path(cfg.run_dir) / "checkpoints").resolve()
-    assert ckpt._every_n_train_steps == 200 and ckpt.save_top_k == 1 and ckpt.save_last
-    assert ckpt.monitor == "val/loss" and ckpt.mode == "min"
-    assert ckpt.filename == "step{step:07d}" and not ckpt.auto_insert_metric_name
+    assert ckpt._every_n_train_steps == 200 and ckpt.save_top_k == 0 and ckpt.save_last
+    best = next(c for c in cbs if type(c) is ModelCheckpoint)
+    assert best.monitor == "val/accept_len_est" and best.mode == "max" and best.save_top_k == 1
+    assert best.filename == "best" and not best.save_last
+    assert Path(best.dirpath) == Path(ckpt.dirpath)
+    es = next(c for c in cbs if isinstance(c, EarlyStopping))
+    assert es.monitor == "val/accept_len_est" and es.mode == "max"
+    pub = next(c for c in cbs if isinstance(c, PublishDrafter))
+    assert pub.out_dir == Path(cfg.run_dir) / "drafter"
+    assert [p.name for p in pub.checkpoints] == ["best.ckpt", "last.ckpt"]
     lr = next(c for c in cbs if isinstance(c, LearningRateMonitor))
     assert lr.logging_interval == "step"
-    assert isinstance(ckpt, RunCheckpoint)
     loggers = instantiate_group(cfg.logger, "logger")
     assert [type(lg) for lg in loggers] == [WandbLogger, AppendingCSVLogger]  # W&B first
     w = loggers[0]
@@ -111,7 +120,7 @@ def test_tensorboard_early_stopping_and_throughput_from_the_command_line(
         tmp_path,
         tiny_distilled,
         "logger=tensorboard",
-        "callbacks=[default,early_stopping,throughput_monitor]",
+        "callbacks=[default,throughput_monitor]",
         "callbacks.early_stopping.patience=5",
         "callbacks.throughput_monitor.window_size=2",
         "~callbacks.lr_monitor",
@@ -125,7 +134,7 @@ def test_tensorboard_early_stopping_and_throughput_from_the_command_line(
     assert {"RunCheckpoint", "EarlyStopping", "ThroughputMonitor"} <= kinds
     assert "ModelSummary" in kinds and "LearningRateMonitor" not in kinds
     es = next(c for c in trainer.callbacks if isinstance(c, EarlyStopping))
-    assert es.monitor == "val/loss" and es.patience == 5
+    assert es.monitor == "val/accept_len_est" and es.patience == 5
     assert any(isinstance(c, ThroughputMonitor) for c in trainer.callbacks)
     run_dir = Path(cfg.run_dir)
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))

@@ -27,6 +27,7 @@ def tiny_overrides(tmp_path, dataset_dir, *extra: str) -> list[str]:
         "data.batch_size=4",
         "data.val_fraction=0.25",
         "trainer=cpu",
+        "trainer.precision=32-true",  # not auto: the same numbers on every processor
         "trainer.max_steps=3",
         "trainer.max_epochs=1",
         "trainer.log_every_n_steps=1",

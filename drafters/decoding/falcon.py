@@ -38,6 +38,10 @@ Where drafting departs from training (it changes what is drafted, never the outp
 - LSTM fusion: a tree block restarts the recurrence from the state after position N - 1 and
   ignores its ancestor blocks (it still sees them through attention), see `FalconDrafter._fuse`.
 
+Draft vocabulary (docs/design.md section 10): the drafter ranks only its V_d ids; the nodes carry
+the target ids they stand for, and the target verifies them with its full head, so a token
+outside the draft vocabulary is never drafted but is still emitted (as a bonus token).
+
 A prompt shorter than k gives fewer than k outputs: that step verifies the root alone (an AR
 step, counted in `ar_steps`); every later step has N >= k.
 """
@@ -56,6 +60,7 @@ from drafters.decoding.result import DecodeResult, Generation
 from drafters.decoding.tree import Tree, TreeLayout
 from drafters.decoding.verify import verify_tree
 from drafters.models.falcon import FalconDrafter
+from drafters.models.vocab import to_target
 from drafters.target import Target
 
 
@@ -122,7 +127,10 @@ def draft_tree(
     plan: FalconPlan, ctx: DrafterContext, first: torch.Tensor, root: int, lm_head: nn.Linear
 ) -> torch.Tensor:
     """Passes 2.. on top of ctx's cache (which they grow); returns node tokens (n,), root first,
-    in `plan.tree.layout` order. first: (1, k, d) pass 1's last k outputs."""
+    in `plan.tree.layout` order. first: (1, k, d) pass 1's last k outputs. lm_head: the
+    drafter's scoring head (`FalconDrafter.scoring_head`: with a draft vocabulary its V_d rows,
+    whose top indices are mapped back to target ids)."""
+    vocab = getattr(ctx.drafter, "vocab", None)
     k, n = plan.k, len(plan.tree) + 1
     device = first.device
     tokens = torch.empty(n, dtype=torch.long, device=device)
@@ -144,9 +152,9 @@ def draft_tree(
                 cache=ctx.cache,
                 attn_bias=bias.view(1, 1, e * k, past + e * k),
             ).view(e, k, -1)
-        logits = project(lm_head, out)  # (E, k, V)
+        logits = project(lm_head, out)  # (E, k, V or V_d)
         top = logits.topk(block.width, dim=-1).indices  # (E, k, width)
-        tokens[block.nodes] = top[block.slot, block.offset, block.rank]
+        tokens[block.nodes] = to_target(vocab, top[block.slot, block.offset, block.rank])
     return tokens
 
 
@@ -178,13 +186,14 @@ def decode_falcon(
     root = int(project(target.lm_head, f[:, -1:]).argmax(-1))
     gen.emit([root])
     ctx = DrafterContext(drafter, target.embed_tokens)
+    head = drafter.scoring_head(target.lm_head)  # V_d rows with a draft vocabulary
     next_tokens = torch.cat([input_ids[:, 1:], input_ids.new_tensor([[root]])], dim=1)
     while not gen.done:
         first = ctx.extend(f, next_tokens)  # pass 1
         if first is None:
             tokens, step_layout = torch.tensor([root], device=device), root_only
         else:
-            tokens, step_layout = draft_tree(plan, ctx, first, root, target.lm_head), layout
+            tokens, step_layout = draft_tree(plan, ctx, first, root, head), layout
         ctx.truncate()
         v = verify_tree(target, cache, tokens, step_layout)
         gen.step(v.accepted + [v.bonus], drafted=len(v.accepted), tree=first is not None)

@@ -28,10 +28,19 @@ from drafters.target import Target
 
 
 class HeadDrafter(Protocol):
+    """A head drafter (`drafters.models.heads.HeadDrafter`); its `vocab` attribute, when it has
+    one and it is not None, maps logit columns to target ids (a draft vocabulary)."""
+
     def __call__(self, features: torch.Tensor, lm_head: nn.Linear) -> torch.Tensor:
-        """features (B, T, d) -> logits (B, T, K, V); head i predicts the token at offset 2 + i
-        from the feature's position (the target's LM head predicts offset 1)."""
+        """features (B, T, d) -> logits (B, T, K, V or V_d); head i predicts the token at offset
+        2 + i from the feature's position (the target's LM head predicts offset 1)."""
         ...
+
+
+def draft_token_ids(drafter) -> torch.Tensor | None:
+    """The target id of each of the drafter's logit columns, or None (column j is token j)."""
+    vocab = getattr(drafter, "vocab", None)
+    return None if vocab is None else vocab.ids
 
 
 class Gate(Protocol):
@@ -83,6 +92,7 @@ def decode_heads(
             return threshold < 0
         return float(gate.expected_accept(f, logits)) > threshold
 
+    token_ids = draft_token_ids(drafter)
     gen = Generation(input_ids, max_new_tokens, target.eos_token_ids)
     if gen.done:
         return gen.result()
@@ -93,8 +103,8 @@ def decode_heads(
     gen.emit([root.item()])
     while not gen.done:
         if speculate(f, logits):
-            heads = drafter(f, target.lm_head)[0, 0]  # (K, V)
-            tokens = tree.candidates(root, heads)  # (n,) root + draft nodes
+            heads = drafter(f, target.lm_head)[0, 0]  # (K, V or V_d)
+            tokens = tree.candidates(root, heads, token_ids)  # (n,) root + draft nodes
             v = verify_tree(target, cache, tokens, layout)
             gen.step(v.accepted + [v.bonus], drafted=len(v.accepted), tree=True)
             f, logits = v.features[:, -1:], v.logits  # (1, 1, d), (1, 1, V)
@@ -111,7 +121,9 @@ def _measure(target: Target, drafter: HeadDrafter, tree: Tree, input_ids: torch.
     """c_tree / c_ar on this machine, the drafter's forward and top-k counted in c_tree."""
     f = torch.zeros(1, 1, target.hidden_size, dtype=target.dtype, device=target.device)
 
+    token_ids = draft_token_ids(drafter)
+
     def draft():
-        return tree.candidates(input_ids[0, -1], drafter(f, target.lm_head)[0, 0])
+        return tree.candidates(input_ids[0, -1], drafter(f, target.lm_head)[0, 0], token_ids)
 
     return measure_cost_ratio(target, tree, input_ids.shape[1], draft=draft)

@@ -137,13 +137,23 @@ class Tree:
         rows = [[0] + [index[p[:d]] for d in range(1, len(p) + 1)] for p in sorted(leaves)]
         return torch.tensor([r + [-1] * (self.depth + 1 - len(r)) for r in rows])
 
-    def candidates(self, root: torch.Tensor, head_logits: torch.Tensor) -> torch.Tensor:
-        """Node tokens (1 + len,) from the root token () and the heads' logits (K, V)."""
+    def candidates(
+        self,
+        root: torch.Tensor,
+        head_logits: torch.Tensor,
+        token_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Node tokens (1 + len,) from the root token () and the heads' logits (K, V).
+
+        token_ids (V,): the target token of each logit column, for logits over a draft
+        vocabulary (`DraftVocab.ids`); None: column j is token j."""
         if head_logits.shape[0] < self.depth:
             raise ValueError(f"tree of depth {self.depth} needs >= {self.depth} heads")
         topk_ids = head_logits[: self.depth].topk(max(self.topk), dim=-1).indices  # (depth, k)
         head, rank = self.node_rank
         nodes = topk_ids[head.to(topk_ids.device), rank.to(topk_ids.device)]
+        if token_ids is not None:
+            nodes = token_ids.to(nodes.device)[nodes]
         return torch.cat([root.view(1).to(nodes), nodes])
 
 

@@ -51,10 +51,13 @@ def heldout_batches(target, dataset_dir: str, cache_dir: str, max_length: int, v
     return list(dm.val_dataloader())
 
 
-def _rank_of(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Rank of each label in its logits row (0 = argmax); logits (..., V), labels (...)."""
-    picked = logits.gather(-1, labels.unsqueeze(-1))
-    return (logits > picked).sum(-1)
+def _rank_of(logits: torch.Tensor, labels: torch.Tensor, vocab=None) -> torch.Tensor:
+    """Rank of each label in its logits row (0 = argmax); logits (..., V or V_d), labels (...)
+    target ids. With a draft vocabulary a label outside it gets rank V_d (never drafted)."""
+    col = labels if vocab is None else vocab.to_draft(labels)
+    picked = logits.gather(-1, col.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    rank = (logits > picked.unsqueeze(-1)).sum(-1)
+    return rank.masked_fill(col < 0, logits.shape[-1])
 
 
 @torch.no_grad()
@@ -76,14 +79,15 @@ def topk_accuracy(drafter, target, batches: list[dict], topk: int) -> tuple[list
             pos = default_position_ids(attn, ids)
             pred = model(f, shift_left(ids, 1), target.embed_tokens, attn, pos)
             bi, j = falcon_valid(lmask, k).nonzero(as_tuple=True)
-            rank = _rank_of(target.lm_head(pred[bi, j]).float(), ids[bi, j + k + 1])
+            head = model.scoring_head(target.lm_head)
+            rank = _rank_of(head(pred[bi, j]).float(), ids[bi, j + k + 1], model.vocab)
             row = block_offset(pos, k)[bi, j] - 1
             rows = k
         else:
             logits = model(f, target.lm_head)  # (B, T, K, V)
             labels, valid = head_labels(ids, lmask, logits.shape[2])
             bi, t, i = valid.nonzero(as_tuple=True)
-            rank = _rank_of(logits[bi, t, i].float(), labels[bi, t, i])
+            rank = _rank_of(logits[bi, t, i].float(), labels[bi, t, i], model.vocab)
             row, rows = i, logits.shape[2]
         if counts is None:
             counts = torch.zeros(rows, topk, dtype=torch.long)

@@ -274,7 +274,8 @@ def export_checkpoint(
                 "file": WEIGHTS_FILE,
                 "dtype": dtype,
                 "sha256": sha256_file(tmp / WEIGHTS_FILE),
-                "num_params": sum(v.numel() for v in tensors.values()),
+                # parameters only: not the draft vocabulary's ids (an int64 buffer)
+                "num_params": sum(v.numel() for v in tensors.values() if v.is_floating_point()),
                 "tensors": {k: list(v.shape) for k, v in tensors.items()},
             },
             "source": {

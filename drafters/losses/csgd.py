@@ -44,6 +44,7 @@ from drafters.losses.falcon import (
     falcon_valid,
 )
 from drafters.losses.labels import default_position_ids, shift_left
+from drafters.models.vocab import DraftVocab, to_target
 
 
 def csgd_lambda(progress: float, start: float = 0.4, end: float = 0.0) -> float:
@@ -135,17 +136,22 @@ def csgd_step(
     *,
     noise: float = 0.0,
     per_sequence: bool = False,
+    vocab: DraftVocab | None = None,
+    accuracy: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One Falcon training loss on a batch: features (B, T, d) true f, input_ids,
     attention_mask, loss_mask (B, T). `noise`: half-width of the uniform noise added to true
-    input features (targets stay clean). Returns (loss, metrics) with the keys of
+    input features (targets stay clean). lm_head: the drafter's scoring head; with `vocab` (the
+    draft vocabulary) its V_d rows, and pass 1's argmax is mapped back to target ids.
+    accuracy=False: no accuracy metrics (pass 1's argmax is still taken: pass 2 reads it).
+    Returns (loss, metrics) with the keys of
     `falcon_loss` (pass 2; acc_pos{p} always from the teacher-forced pass) plus
     acc_pass2[_pos{p}] (pass-2 positions whose input is the drafter's own pair), hamming (mean d
     per sequence), hamming_rate (sum d / valid positions), glance_ratio (sum N / sum d)."""
     pos = default_position_ids(attention_mask, input_ids)  # same as the drafter's default
     nxt = shift_left(input_ids, 1)  # t_{j+1} at position j
     x1 = add_feature_noise(features, noise, generator=generator)
-    common = dict(position_ids=pos, per_sequence=per_sequence)
+    common = dict(position_ids=pos, per_sequence=per_sequence, vocab=vocab, accuracy=accuracy)
     valid = falcon_valid(loss_mask, k)
     n_valid = valid.sum().clamp(min=1)
     if teacher_forcing_only:
@@ -153,8 +159,9 @@ def csgd_step(
         loss, m = falcon_loss(
             pred, features, lm_head, target_logits, input_ids, loss_mask, k, **common
         )
-        m["hamming"] = (1 - m["acc"]) * valid.sum() / input_ids.shape[0]
-        m["hamming_rate"] = 1 - m["acc"]
+        if accuracy:
+            m["hamming"] = (1 - m["acc"]) * valid.sum() / input_ids.shape[0]
+            m["hamming_rate"] = 1 - m["acc"]
         m["glance_ratio"] = torch.zeros(())
         return loss, m
 
@@ -162,7 +169,7 @@ def csgd_step(
         pred1 = drafter(x1, nxt, embed, attention_mask, pos)
         b, j = valid.nonzero(as_tuple=True)
         tok1 = torch.zeros_like(input_ids)
-        tok1[b, j] = lm_head(pred1[b, j]).argmax(-1)
+        tok1[b, j] = to_target(vocab, lm_head(pred1[b, j]).argmax(-1))
         hit1 = tok1[b, j] == input_ids[b, j + k + 1]
     inp = pass2_inputs(pred1, tok1, x1, nxt, input_ids, loss_mask, pos, k, lam, generator)
     pred2 = drafter(inp.features, inp.next_tokens, embed, attention_mask, pos)  # pass 2
@@ -179,7 +186,8 @@ def csgd_step(
         tag="_pass2",
         **common,
     )
-    m.update(block_accuracy(hit1, block_offset(pos[b, j], k), k))
+    if accuracy:
+        m.update(block_accuracy(hit1, block_offset(pos[b, j], k), k))
     d, n = inp.hamming.sum(), inp.n_glance.sum()
     m["hamming"] = inp.hamming.float().mean()
     m["hamming_rate"] = d.float() / n_valid

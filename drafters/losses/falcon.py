@@ -8,6 +8,11 @@ loss_mask[j+k+1], see `labels.py`):
 SmoothL1 is averaged over the d features; p_target = softmax(target_logits[j+k]) (or of
 lm_head(f_{j+k}) when no logits are given), p_draft = softmax(lm_head(f̂_j)). L is the mean of
 L_j over all valid positions of the batch (or of each sequence, with per_sequence).
+
+With a draft vocabulary (docs/design.md section 10) `lm_head` is its V_d rows of the target's
+head: p_target is the target's distribution restricted to those ids and renormalised, and the
+CE term is taken where t_{j+k+1} is one of them (the others are counted in `oov_rate`; they can
+never be drafted, so they count as misses in the accuracies).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from drafters.losses.labels import default_position_ids, span_valid
+from drafters.models.vocab import DraftVocab
 
 
 def falcon_valid(loss_mask: torch.Tensor, k: int) -> torch.Tensor:
@@ -68,15 +74,19 @@ def falcon_loss(
     w_logit: float = 0.1,
     w_kl: float = 0.9,
     tag: str = "",
+    vocab: DraftVocab | None = None,
+    accuracy: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """pred_features (B, T, d) drafter outputs; target_features (B, T, d) the true f;
-    target_logits (B, T, V) or None; input_ids, loss_mask (B, T).
+    target_logits (B, T, V) (the full vocabulary) or None; input_ids, loss_mask (B, T).
+    lm_head: the drafter's scoring head (with `vocab`, its V_d rows of the target's head).
 
     position_ids (B, T) place positions in their blocks for acc_pos{p} (default: arange).
     include (B, T) bool further restricts the positions in the loss (CSGD's glance switch);
     metric_mask (B, T) bool restricts the accuracy metrics to some of those positions.
+    accuracy=False leaves out the argmax and the acc metrics (steps that do not log them).
     Returns (loss, metrics): loss scalar (or (B,) per_sequence); metrics (pooled, detached)
-    `acc{tag}_pos{p}` for p = 1..k, `acc{tag}`, loss_feat, loss_kl, loss_ce.
+    `acc{tag}_pos{p}` for p = 1..k, `acc{tag}`, loss_feat, loss_kl, loss_ce, oov_rate.
     """
     B, T, _ = pred_features.shape
     valid = falcon_valid(loss_mask, k)
@@ -88,13 +98,20 @@ def falcon_loss(
     pred = pred_features[b, j]  # (N, d)
     feat = target_features[b, j + k].to(pred.dtype)  # (N, d): f_{j+k}
     tok = input_ids[b, j + k + 1]  # (N,): t_{j+k+1}
+    if vocab is not None:
+        tok = vocab.to_draft(tok)  # -1 outside the draft vocabulary
+    known = tok >= 0
     sl1 = F.smooth_l1_loss(pred.float(), feat.float(), reduction="none").mean(-1)  # (N,)
-    logp = F.log_softmax(lm_head(pred).float(), dim=-1)  # (N, V)
+    logp = F.log_softmax(lm_head(pred).float(), dim=-1)  # (N, V or V_d)
     with torch.no_grad():
-        tl = target_logits[b, j + k] if target_logits is not None else lm_head(feat)
-        logp_t = F.log_softmax(tl.float(), dim=-1)
+        if target_logits is None:
+            tl = lm_head(feat)
+        else:
+            tl = target_logits[b, j + k]
+            tl = tl if vocab is None else tl[:, vocab.ids.to(tl.device)]
+        logp_t = F.log_softmax(tl.float(), dim=-1)  # restricted and renormalised with a vocab
     kl = (logp_t.exp() * (logp_t - logp)).sum(-1)  # (N,)
-    ce = F.nll_loss(logp, tok, reduction="none")  # (N,)
+    ce = F.nll_loss(logp, tok.clamp(min=0), reduction="none") * known  # (N,) 0 where unknown
     per_pos = sl1 + w_logit * (w_kl * kl + (1 - w_kl) * ce)  # (N,)
     n = max(len(per_pos), 1)
     if per_sequence:
@@ -105,10 +122,13 @@ def falcon_loss(
         loss = per_pos.sum() / n
     if len(per_pos) == 0:  # keep the graph connected so backward() still works
         loss = loss + 0.0 * pred_features.sum()
-    hit = logp.argmax(-1) == tok
-    sel = metric_mask[b, j] if metric_mask is not None else torch.ones_like(hit)
-    metrics = {"loss_feat": sl1.sum() / n, "loss_kl": kl.sum() / n, "loss_ce": ce.sum() / n}
-    metrics.update(block_accuracy(hit, block_offset(position_ids[b, j], k), k, tag, sel))
+    nk = known.sum().clamp(min=1)
+    metrics = {"loss_feat": sl1.sum() / n, "loss_kl": kl.sum() / n, "loss_ce": ce.sum() / nk}
+    metrics["oov_rate"] = (~known).sum().float() / n
+    if accuracy:
+        hit = (logp.argmax(-1) == tok) & known
+        sel = metric_mask[b, j] if metric_mask is not None else torch.ones_like(hit)
+        metrics.update(block_accuracy(hit, block_offset(position_ids[b, j], k), k, tag, sel))
     return loss, {name: v.detach().float() for name, v in metrics.items()}
 
 

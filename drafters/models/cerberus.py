@@ -27,18 +27,20 @@ from drafters.models.heads import HeadDrafter
 @dataclass(frozen=True)
 class CerberusConfig:
     hidden_size: int  # d
-    vocab_size: int  # V (only used by a trainable LM head)
+    vocab_size: int  # V, the target's vocabulary
     num_heads: int = 4  # K: head i predicts token t+2+i
     num_layers: int = 2  # L; head i hears head i-1 only from layer 2 on, so use L >= 2
     learned_residual: bool = False  # P learned (2d -> d) instead of the fixed selector [I 0]
     trainable_lm_head: bool = False
+    draft_vocab_size: int | None = None  # V_d: score only these target ids (models/vocab.py)
 
     def num_params(self) -> int:
         """L * K * (2d^2 + d)  [+ L * K * 2d^2 learned residual]  [+ V * d trainable LM head]."""
         d, lk = self.hidden_size, self.num_layers * self.num_heads
         n = lk * (2 * d * d + d)
         n += lk * 2 * d * d if self.learned_residual else 0
-        return n + (self.vocab_size * d if self.trainable_lm_head else 0)
+        rows = self.draft_vocab_size or self.vocab_size  # the trainable head's rows
+        return n + (rows * d if self.trainable_lm_head else 0)
 
 
 def num_params(cfg: CerberusConfig) -> int:

@@ -18,7 +18,9 @@ Relaxed (block-causal) mask, k = 2, blocks aligned at absolute position 0 (1 = m
 
 Inside `FalconDrafter.forward` blocks are counted on the position ids (default: count of real
 tokens before the position), so a left-padded row gets the blocks of the same row unpadded.
-The target's embedding and LM head are arguments, never submodules.
+The target's embedding and LM head are arguments, never submodules; with a draft vocabulary
+(`draft_vocab_size`) the outputs are scored against its rows of the LM head only
+(`scoring_head`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from torch import nn
 
 from drafters.models.kv_cache import FalconKVCache
 from drafters.models.llama import DecoderLayer, layer_num_params, rope_cos_sin
+from drafters.models.vocab import DraftVocab, output_head
 
 __all__ = ["FalconConfig", "FalconDrafter", "FalconKVCache", "block_causal_mask"]
 
@@ -48,6 +51,7 @@ class FalconConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     fusion: str = "linear"  # "linear" (EAGLE) or "lstm" (paper's figure, batch_first)
+    draft_vocab_size: int | None = None  # V_d: score only these target ids (models/vocab.py)
 
     def __post_init__(self):
         if self.fusion not in ("linear", "lstm"):
@@ -132,6 +136,8 @@ class FalconDrafter(nn.Module):
         self.cfg = cfg
         self.k = cfg.k
         d = cfg.hidden_size
+        size = cfg.draft_vocab_size
+        self.vocab = DraftVocab(cfg.vocab_size, size) if size else None
         if cfg.fusion == "linear":
             self.fusion = nn.Linear(2 * d, d)
         else:
@@ -147,6 +153,11 @@ class FalconDrafter(nn.Module):
             )
             for _ in range(cfg.num_layers)
         )
+
+    def scoring_head(self, lm_head: nn.Linear) -> nn.Linear:
+        """The head that turns output features into draft logits: the target's `lm_head`, or
+        its draft-vocabulary rows (logit j = target token `self.vocab.ids[j]`)."""
+        return output_head(self.vocab, lm_head)
 
     def new_cache(self) -> FalconKVCache:
         return FalconKVCache(self.cfg.num_layers)

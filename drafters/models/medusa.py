@@ -23,16 +23,19 @@ from drafters.models.heads import HeadDrafter
 @dataclass(frozen=True)
 class MedusaConfig:
     hidden_size: int  # d, the target's hidden size
-    vocab_size: int  # V, the target's vocabulary (only used by a trainable LM head)
+    vocab_size: int  # V, the target's vocabulary
     num_heads: int = 4  # K: head i predicts token t+2+i
     num_layers: int = 1  # L ResBlocks per head
     trainable_lm_head: bool = False  # own a trainable copy of the LM head instead of sharing
+    draft_vocab_size: int | None = None  # V_d: score only these target ids (models/vocab.py)
 
     def num_params(self) -> int:
-        """K * L * (d^2 + d)  [+ V * d with a trainable LM head (no bias)]."""
+        """K * L * (d^2 + d)  [+ V * d with a trainable LM head (no bias); V_d * d with a draft
+        vocabulary]."""
         d = self.hidden_size
         n = self.num_heads * self.num_layers * (d * d + d)
-        return n + (self.vocab_size * d if self.trainable_lm_head else 0)
+        rows = self.draft_vocab_size or self.vocab_size
+        return n + (rows * d if self.trainable_lm_head else 0)
 
 
 def num_params(cfg: MedusaConfig) -> int:

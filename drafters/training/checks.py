@@ -42,8 +42,10 @@ def check_config(cfg: DictConfig) -> None:
         problems.append(f"optim.schedule={optim.schedule!r}: use one of {', '.join(SCHEDULES)}")
     if not float(optim.lr) > 0:
         problems.append(f"optim.lr={optim.lr!r}: needs > 0")
-    if int(optim.get("warmup_steps", 0)) < 0:
-        problems.append(f"optim.warmup_steps={optim.warmup_steps!r}: needs >= 0")
+    if optim.get("warmup_steps") is not None and int(optim.warmup_steps) < 0:
+        problems.append(f"optim.warmup_steps={optim.warmup_steps!r}: needs >= 0 (or null)")
+    if not 0 <= float(optim.get("warmup_ratio", 0.0)) < 1:
+        problems.append(f"optim.warmup_ratio={optim.warmup_ratio!r}: needs 0 <= ratio < 1")
     max_steps = trainer.get("max_steps", -1)
     if max_steps is not None and max_steps != -1 and max_steps < 1:
         problems.append(f"trainer.max_steps={max_steps!r}: needs >= 1 (or -1: epochs decide)")

@@ -10,10 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
+import torch
 from torch.utils.data import DataLoader
 
 from drafters.data.corpus import load_distilled
 from drafters.data.sharegpt import split_bucket, split_of
+from drafters.models.vocab import token_counts
 from drafters.target import Target
 from drafters.training.checks import require_dataset
 from drafters.training.examples import ConversationExamples, LengthBucketBatchSampler, collate
@@ -28,8 +30,12 @@ class _Collator:
 
     def __call__(self, indices: list[int]):
         exs = [self.examples[i] for i in indices]
-        feats = [self.cache[e.key] for e in exs] if self.cache is not None else None
-        return collate(exs, self.pad_id, feats)
+        feats = ents = None
+        if self.cache is not None:
+            feats = [self.cache[e.key] for e in exs]
+            ents = [self.cache.entropy(e.key) for e in exs]
+            ents = None if any(h is None for h in ents) else ents
+        return collate(exs, self.pad_id, feats, ents)
 
 
 class DistilledDataModule(L.LightningDataModule):
@@ -45,6 +51,7 @@ class DistilledDataModule(L.LightningDataModule):
         seed: int = 0,
         pool_batches: int = 64,
         distill_command: str = "python data/distill.py",
+        max_train_tokens: int | None = None,
     ):
         super().__init__()
         if features not in FEATURE_MODES:
@@ -61,6 +68,11 @@ class DistilledDataModule(L.LightningDataModule):
         self.seed = seed
         self.pool_batches = pool_batches
         self.distill_command = distill_command
+        if max_train_tokens is not None and int(max_train_tokens) <= 0:
+            raise ValueError(
+                f"data.max_train_tokens={max_train_tokens}: use a positive count or null"
+            )
+        self.max_train_tokens = None if max_train_tokens is None else int(max_train_tokens)
         self.target: Target | None = None
         self.train_set: ConversationExamples | None = None
         self.val_set: ConversationExamples | None = None
@@ -81,7 +93,8 @@ class DistilledDataModule(L.LightningDataModule):
         val = [r for r in rows if split_of(r["id"], self.val_fraction) == "validation"]
         if not val and len(rows) > 1 and self.val_fraction > 0:
             val = [min(rows, key=lambda r: split_bucket(r["id"]))]
-        train = [r for r in rows if r not in val]
+        val_ids = {r["id"] for r in val}
+        train = [r for r in rows if r["id"] not in val_ids]
         if not train or not val:
             raise ValueError(
                 f"{self.dataset_dir}: {len(rows)} conversations give {len(train)} train / "
@@ -102,7 +115,16 @@ class DistilledDataModule(L.LightningDataModule):
                     f"data.max_length={self.max_length} ({examples.dropped} of {len(rows_of)} "
                     "conversations dropped); raise data.max_length"
                 )
+        if self.max_train_tokens is not None:
+            sets = (sets[0].subset_by_answer_tokens(self.max_train_tokens, self.seed), sets[1])
         return sets
+
+    def token_counts(self, split: str = "train") -> torch.Tensor:
+        """(V,) counts of the answer tokens (loss-masked: what the drafter learns to predict)
+        of a split's examples; the draft vocabulary is built from the training split's."""
+        self.setup()
+        examples = self.train_set if split == "train" else self.val_set
+        return token_counts(examples.answer_tokens(), self.target.vocab_size)
 
     def cache_folder(self, split: str) -> Path:
         return Path(self.cache_dir) / split

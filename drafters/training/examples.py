@@ -31,6 +31,7 @@ class ConversationExamples(Dataset):
     def __init__(self, rows: list[dict], tokenizer, max_length: int, eos_token_ids: list[int]):
         self.examples: list[Example] = []
         self.dropped = 0
+        self.parent: ConversationExamples | None = None  # set on a subset
         for row in rows:
             # a cut answer has no end-of-turn token in its ids, so none is in the loss
             r = render_conversation(tokenizer, row["messages"], eos_token_ids, row["response_ids"])
@@ -54,6 +55,36 @@ class ConversationExamples(Dataset):
     def num_tokens(self) -> int:
         return sum(self.lengths)
 
+    @property
+    def num_answer_tokens(self) -> int:
+        return sum(sum(e.loss_mask) for e in self.examples)
+
+    def answer_tokens(self):
+        """Per example, the ids of its loss-masked (generated) tokens."""
+        for e in self.examples:
+            yield [t for t, m in zip(e.input_ids, e.loss_mask, strict=True) if m]
+
+    def subset_by_answer_tokens(self, budget: int, seed: int = 0) -> ConversationExamples:
+        """The examples of a seeded random order, taken while their answer tokens total at most
+        `budget` (at least one): smaller budgets are prefixes of larger ones with the same seed,
+        for data-scaling curves. Its `parent` is self (the feature cache is the parent's)."""
+        g = torch.Generator().manual_seed(seed)
+        order = torch.randperm(len(self.examples), generator=g).tolist()
+        sub = object.__new__(ConversationExamples)
+        sub.examples, sub.dropped, sub.parent = [], self.dropped, self
+        total = 0
+        for i in order:
+            n = sum(self.examples[i].loss_mask)
+            if sub.examples and total + n > budget:
+                break
+            sub.examples.append(self.examples[i])
+            total += n
+        return sub
+
+    def cache_fingerprint(self) -> str:
+        """The fingerprint the offline feature cache is keyed on: a subset reads its parent's."""
+        return self.parent.cache_fingerprint() if self.parent is not None else self.fingerprint()
+
     def fingerprint(self) -> str:
         """Equal iff the examples (keys and tokens) are equal: guards the offline feature cache."""
         h = hashlib.sha256()
@@ -63,9 +94,15 @@ class ConversationExamples(Dataset):
         return h.hexdigest()[:16]
 
 
-def collate(examples: list[Example], pad_id: int, features: list[torch.Tensor] | None = None):
+def collate(
+    examples: list[Example],
+    pad_id: int,
+    features: list[torch.Tensor] | None = None,
+    entropy: list[torch.Tensor] | None = None,
+):
     """Right-pad a list of examples. Returns input_ids, attention_mask, loss_mask (B, T) and,
-    with an offline cache, features (B, T, d) (zeros on padding)."""
+    with an offline cache, features (B, T, d) (zeros on padding) and, when the cache holds it,
+    target_entropy (B, T) float32."""
     width = max(len(e.input_ids) for e in examples)
     ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(examples), width), dtype=torch.long)
@@ -81,6 +118,11 @@ def collate(examples: list[Example], pad_id: int, features: list[torch.Tensor] |
         for b, x in enumerate(features):
             f[b, : x.shape[0]] = x
         batch["features"] = f
+    if entropy is not None:
+        h = torch.zeros((len(examples), width), dtype=torch.float32)
+        for b, x in enumerate(entropy):
+            h[b, : x.shape[0]] = x
+        batch["target_entropy"] = h
     return batch
 
 

@@ -22,8 +22,9 @@ from drafters.models import (
     LearnedGateConfig,
     build_drafter,
 )
-from drafters.models.gate import entropy, gate_labels
+from drafters.models.vocab import top_ids
 from drafters.target import Target
+from drafters.training.feature_cache import target_entropy
 
 FALCON_DECODE_PASSES = 4  # drafter passes per step assumed by val/accept_len_est (paper: m=4)
 
@@ -89,6 +90,8 @@ class DrafterLitModule(L.LightningModule):
         self.target: Target | None = None
         self._calib: list[torch.Tensor] = []
         self._t_last: float | None = None
+        self._last_tokens = 0
+        self._window = [0, 0.0]  # tokens, seconds of the iterations since the last log
 
     # ---- the frozen target ------------------------------------------------------------------
 
@@ -100,6 +103,16 @@ class DrafterLitModule(L.LightningModule):
                 raise ValueError(problem)
         self.target = target
         return self
+
+    def init_draft_vocab(self, counts: torch.Tensor) -> torch.Tensor | None:
+        """Set the drafter's draft vocabulary to the most frequent ids of `counts` (V,), the
+        training answers' token counts (docs/design.md section 10); a no-op without one. A
+        resumed run then restores the checkpoint's own ids with the state dict."""
+        vocab = self.drafter.vocab
+        if vocab is None:
+            return None
+        vocab.set_ids(top_ids(counts, vocab.size))
+        return vocab.ids
 
     def on_fit_start(self) -> None:
         self.target.to(self.device)
@@ -118,10 +131,20 @@ class DrafterLitModule(L.LightningModule):
 
     # ---- losses -----------------------------------------------------------------------------
 
+    def logging_step(self) -> bool:
+        """Whether this training step's metrics reach the loggers (Lightning's own rule); the
+        accuracy metrics (an argmax over the vocabulary per row) are computed on those only."""
+        if self._trainer is None:
+            return True
+        return bool(self.trainer._logger_connector.should_update_logs)
+
     def compute_loss(self, batch: dict, train: bool) -> tuple[torch.Tensor, dict, torch.Tensor]:
         f = self.features(batch)
         ids, attn, lmask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
         param_dtype = next(self.drafter.parameters()).dtype
+        accuracy = not train or self.logging_step()
+        vocab = self.drafter.vocab
+        head = self.drafter.scoring_head(self.target.lm_head)  # V_d rows with a draft vocab
         if self.kind == "falcon":
             c = self.csgd_cfg
             lam = self.csgd_lambda() if train else 0.0
@@ -132,32 +155,56 @@ class DrafterLitModule(L.LightningModule):
                 attn,
                 lmask,
                 self.target.embed_tokens,
-                self.target.lm_head,
+                head,
                 self.drafter.cfg.k,
                 lam,
                 # validation always measures pass-2 accuracy, so ablations compare fairly
                 teacher_forcing_only=bool(c.get("teacher_forcing_only")) and train,
                 loss_on_glanced=bool(c.get("loss_on_glanced", True)),
                 noise=float(self.loss_cfg.get("feature_noise", 0.0)) if train else 0.0,
+                vocab=vocab,
+                accuracy=accuracy,
             )
             m["csgd_lambda"] = torch.tensor(lam)
             return loss, m, f
-        head_logits = self.drafter(f.to(param_dtype), self.target.lm_head)  # (B, T, K, V)
+        hidden = self.drafter.hidden(f.to(param_dtype))  # (B, T, K, d); logits per labelled row
+        K = hidden.shape[2]
         gate_logits = None
-        target_logits = None
-        if self.gate is not None or not train:
-            target_logits = self.target.lm_head(f)
         if self.gate is not None:
-            gate_logits = self.gate(f.to(param_dtype), target_logits)
-        loss, m = heads_loss(
-            head_logits, ids, lmask, float(self.loss_cfg.get("decay", 0.8)), gate_logits
+            # the gate reads H(p_t) of the target's full distribution, at the rows it is
+            # trained on only (some head labelled); the rest never enter the loss
+            _, valid = head_labels(ids, lmask, K)
+            h = self.target_entropy(batch, f, valid.any(-1))
+            gate_logits = self.gate(f.to(param_dtype), target_entropy=h)
+        loss, m, correct = heads_loss(
+            hidden,
+            ids,
+            lmask,
+            float(self.loss_cfg.get("decay", 0.8)),
+            gate_logits,
+            head=head,
+            vocab=vocab,
+            accuracy=accuracy,
+            return_correct=True,
         )
         if not train:  # entropy-gate calibration pairs: (H(p_t), top-1 chain accepted length)
-            labels, valid = head_labels(ids, lmask, head_logits.shape[2])
+            _, valid = head_labels(ids, lmask, K)
             full = valid.all(-1)
-            acc_len = gate_labels(head_logits, labels, valid).sum(-1)
-            self._calib.append(torch.stack([entropy(target_logits)[full], acc_len[full]]).cpu())
+            acc_len = correct.long().cumprod(-1).sum(-1)
+            h = self.target_entropy(batch, f, full)
+            self._calib.append(torch.stack([h[full], acc_len[full].float()]).cpu())
         return loss, m, f
+
+    @torch.no_grad()
+    def target_entropy(self, batch: dict, f: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """(B, T) entropy of the target's next-token distribution at `rows` (B, T) bool, 0
+        elsewhere: read from the offline cache when it holds it, else from the target's full LM
+        head at those rows only."""
+        if "target_entropy" in batch:
+            return batch["target_entropy"].to(f.device).masked_fill(~rows, 0.0)
+        h = torch.zeros(rows.shape, dtype=torch.float32, device=f.device)
+        h[rows] = target_entropy(self.target, f[rows])
+        return h
 
     def csgd_lambda(self) -> float:
         c = self.csgd_cfg
@@ -172,13 +219,22 @@ class DrafterLitModule(L.LightningModule):
         loss, metrics, _ = self.compute_loss(batch, train=True)
         self.log("train/loss", loss, prog_bar=True)
         self.log_dict({f"train/{k}": v for k, v in metrics.items()})
-        tokens = batch["attention_mask"].sum()
-        now = time.perf_counter()
-        if self._t_last is not None:
-            self.log("train/tokens_per_s", tokens / (now - self._t_last), prog_bar=True)
-        self._t_last = now
+        self._log_throughput(int(batch["attention_mask"].sum()))
         self.log("train/lr", self.optimizers().param_groups[0]["lr"])
         return loss
+
+    def _log_throughput(self, tokens: int) -> None:
+        """train/tokens_per_s: all tokens of a batch (prompt and answer) per second of whole
+        training iterations (forward, backward, optimizer, data), averaged over the iterations
+        since the last logging step, so steps that skip the accuracy metrics count too."""
+        now = time.perf_counter()
+        if self._t_last is not None:
+            self._window[0] += self._last_tokens
+            self._window[1] += now - self._t_last
+        self._t_last, self._last_tokens = now, tokens
+        if self._window[1] > 0 and self.logging_step():
+            self.log("train/tokens_per_s", self._window[0] / self._window[1], prog_bar=True)
+            self._window = [0, 0.0]
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         loss, metrics, _ = self.compute_loss(batch, train=False)
@@ -188,7 +244,7 @@ class DrafterLitModule(L.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._calib = []
-        self._t_last = None
+        self._t_last = None  # the validation pass is not a training iteration
 
     def on_validation_epoch_end(self) -> None:
         m = self.trainer.callback_metrics
@@ -220,8 +276,11 @@ class DrafterLitModule(L.LightningModule):
             weight_decay=float(o.get("weight_decay", 0.0)),
         )
         total = int(self.trainer.estimated_stepping_batches)
+        warmup = o.get("warmup_steps")
+        if warmup is None:  # sized by the run: a share of its optimizer steps
+            warmup = math.ceil(float(o.get("warmup_ratio", 0.0)) * total)
         schedule = WarmupDecay(
-            int(o.get("warmup_steps", 0)),
+            int(warmup),
             total,
             o.get("schedule", "cosine"),
             float(o.get("min_lr_ratio", 0.1)),

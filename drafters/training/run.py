@@ -10,6 +10,7 @@ conf/logger/), the lightning-hydra-template shape: add, drop or swap them from t
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import warnings
 from pathlib import Path
@@ -19,7 +20,9 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
+from drafters.io_utils import write_json_atomic
 from drafters.models import CerberusConfig, FalconConfig, MedusaConfig
+from drafters.models.vocab import coverage
 from drafters.target import Target
 from drafters.training.checks import (
     check_config,
@@ -29,10 +32,22 @@ from drafters.training.checks import (
     require_dataset,
 )
 from drafters.training.module import DrafterLitModule
+from drafters.training.precision import resolve_precision
 
 
 def drafter_config(kind: str, overrides: dict, target: Target) -> dict:
-    """The drafter's full config: shapes from the target, the rest from `drafter.model`."""
+    """The drafter's full config: shapes from the target, the rest from `drafter.model`.
+
+    A draft vocabulary as large as the target's (a tiny test target) is no subset: the full
+    vocabulary is used, and said so."""
+    size = overrides.get("draft_vocab_size")
+    if size is not None and int(size) >= target.vocab_size:
+        print(
+            f"[train] drafter.model.draft_vocab_size={size} >= the target's vocabulary "
+            f"({target.vocab_size}): drafting over the full vocabulary",
+            flush=True,
+        )
+        overrides = {**overrides, "draft_vocab_size": None}
     if kind == "falcon":
         cfg = FalconConfig.from_target_config(target.config, **overrides)
     else:
@@ -143,6 +158,32 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
     return str(path)
 
 
+def setup_draft_vocab(module: DrafterLitModule, datamodule, run_dir: Path) -> dict | None:
+    """Build the drafter's draft vocabulary from the training answers' token counts; its
+    coverage of the training and validation answers goes to the log and to
+    `run_dir/draft_vocab.json`. None without a draft vocabulary."""
+    vocab = module.drafter.vocab
+    if vocab is None:
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    counts = datamodule.token_counts("train")
+    ids = module.init_draft_vocab(counts)
+    val = datamodule.token_counts("validation")
+    info = {
+        "size": vocab.size,
+        "target_vocab_size": vocab.vocab_size,
+        "train_answer_tokens": int(counts.sum()),
+        "train_distinct_tokens": int((counts > 0).sum()),
+        "coverage_train": round(coverage(counts, ids), 6),
+        "validation_answer_tokens": int(val.sum()),
+        "coverage_validation": round(coverage(val, ids), 6),
+    }
+    print(f"[train] draft vocabulary: {json.dumps(info)}", flush=True)
+    if global_rank() == 0:
+        write_json_atomic(run_dir / "draft_vocab.json", info)
+    return info
+
+
 def train(cfg: DictConfig) -> dict:
     """Train the configured drafter; returns the final callback metrics (floats)."""
     # Our batch sampler resumes mid-epoch from the trainer's own progress counters
@@ -161,8 +202,10 @@ def train(cfg: DictConfig) -> dict:
     target: Target = instantiate(cfg.target)
     datamodule = instantiate(cfg.data).attach(target)
     module = build_module(cfg, target)
+    setup_draft_vocab(module, datamodule, run_dir)  # a resumed run gets its ids from the ckpt
     trainer: L.Trainer = instantiate(
         cfg.trainer,
+        precision=resolve_precision(cfg.trainer.precision, cfg.trainer.get("accelerator", "cpu")),
         strategy=build_strategy(cfg),
         logger=instantiate_group(cfg.get("logger"), "logger"),
         callbacks=instantiate_group(cfg.get("callbacks"), "callbacks"),

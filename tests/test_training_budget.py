@@ -1,0 +1,171 @@
+"""Training to a budget that fits the data: data subsets, the warmup share, the precision choice,
+best-checkpoint choice on the acceptance estimate, the exported drafter and its W&B artifact,
+the accuracy metrics only on logging steps, and merging a corpus that is still being made."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_training_data import examples_of
+from train_helpers import compose_config, tiny_overrides
+
+from drafters.training.feature_cache import FeatureCache, build_feature_cache
+from drafters.training.module import DrafterLitModule
+from drafters.training.precision import resolve_precision
+from drafters.training.run import train
+
+
+def test_answer_token_subsets_are_nested_and_read_the_parent_cache(tmp_path, tiny, tiny_distilled):
+    ex = examples_of(tiny, tiny_distilled)
+    small, large = ex.subset_by_answer_tokens(60), ex.subset_by_answer_tokens(200)
+    assert 0 < small.num_answer_tokens <= 60 and large.num_answer_tokens <= 200
+    assert large.examples[: len(small)] == small.examples  # a prefix of the same order
+    assert len(ex.subset_by_answer_tokens(1)) == 1  # at least one example
+    assert ex.subset_by_answer_tokens(10**9).num_answer_tokens == ex.num_answer_tokens
+    build_feature_cache(tiny, ex, tmp_path / "cache", dtype="float32")
+    cache = FeatureCache(tmp_path / "cache", tiny, small)  # the full set's cache serves it
+    assert cache[small.examples[0].key].shape[0] == len(small.examples[0].input_ids)
+
+
+def test_max_train_tokens_cuts_training_not_validation(tmp_path, tiny_distilled):
+    from hydra.utils import instantiate
+
+    from drafters.testing import tiny_target
+
+    base = compose_config("train", tiny_overrides(tmp_path, tiny_distilled))
+    cut = compose_config("train", tiny_overrides(tmp_path, tiny_distilled,
+                                                 "data.max_train_tokens=100"))  # fmt: skip
+    full_dm = instantiate(base.data).attach(tiny_target())
+    cut_dm = instantiate(cut.data).attach(tiny_target())
+    full_dm.setup(), cut_dm.setup()
+    assert cut_dm.train_set.num_answer_tokens <= 100 < full_dm.train_set.num_answer_tokens
+    assert [e.key for e in cut_dm.val_set] == [e.key for e in full_dm.val_set]
+    assert int(cut_dm.token_counts().sum()) == cut_dm.train_set.num_answer_tokens
+    with pytest.raises(Exception, match="max_train_tokens=0: use a positive count"):
+        instantiate(cut.data, max_train_tokens=0)
+
+
+def test_warmup_ratio_sizes_the_warmup_by_the_run():
+    from drafters.training.module import WarmupDecay
+
+    m = DrafterLitModule("medusa", {"hidden_size": 8, "vocab_size": 16},
+                         optim={"warmup_steps": None, "warmup_ratio": 0.1})  # fmt: skip
+
+    class T:
+        estimated_stepping_batches = 95
+
+    m._trainer = T()  # configure_optimizers reads the run's total steps only
+    sched = m.configure_optimizers()["lr_scheduler"]["scheduler"]
+    (fn,) = sched.lr_lambdas
+    assert isinstance(fn, WarmupDecay) and fn.warmup == 10  # ceil(0.1 * 95)
+
+
+def test_precision_auto_is_measured_and_other_values_pass_through():
+    assert resolve_precision("32-true") == "32-true"
+    assert resolve_precision("bf16-mixed") == "bf16-mixed"
+    assert resolve_precision("auto", "cpu") in ("32-true", "bf16-mixed")
+
+
+def test_best_checkpoint_export_and_wandb_artifact(tmp_path, tiny_distilled, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    over = tiny_overrides(
+        tmp_path, tiny_distilled, "drafter=medusa", "logger=wandb", "trainer.max_steps=4",
+        "trainer.val_check_interval=1", "drafter.model.draft_vocab_size=32",
+    )  # fmt: skip
+    cfg = compose_config("train", over)
+    train(cfg)
+    run_dir = Path(cfg.run_dir)
+    best = torch.load(run_dir / "checkpoints" / "best.ckpt", weights_only=True)
+    scores = [
+        float(r["val/accept_len_est"])
+        for r in __import__("csv").DictReader(open(run_dir / "csv" / "metrics.csv"))
+        if r.get("val/accept_len_est")
+    ]
+    state = next(s for s in best["callbacks"].values() if s.get("monitor") == "val/accept_len_est")
+    assert float(state["best_model_score"]) == pytest.approx(max(scores), abs=1e-6)
+    exported = json.loads((run_dir / "drafter" / "config.json").read_text())
+    assert exported["source"]["checkpoint"].endswith("best.ckpt")
+    assert exported["source"]["global_step"] == best["global_step"]
+    import wandb
+
+    wandb.finish()  # flush the offline run (a training process does this when it exits)
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    log = next(offline.glob("*.wandb")).read_bytes()
+    assert f"{cfg.run_name}-drafter".encode() in log  # the artifact is in the offline run
+
+
+def test_accuracy_metrics_only_on_logging_steps(tmp_path, tiny_distilled):
+    over = tiny_overrides(tmp_path, tiny_distilled, "drafter=falcon", "trainer.max_steps=4",
+                          "trainer.log_every_n_steps=2")  # fmt: skip
+    cfg = compose_config("train", over)
+    train(cfg)
+    rows = list(__import__("csv").DictReader(open(Path(cfg.run_dir) / "csv" / "metrics.csv")))
+    train_rows = [r for r in rows if r.get("train/loss")]
+    assert [int(r["step"]) for r in train_rows] == [1, 3]  # Lightning logs steps 2 and 4
+    assert all(r["train/acc_pos1"] and r["train/tokens_per_s"] for r in train_rows)
+
+
+def test_partial_merge_of_a_corpus_still_being_made(tmp_path, tiny, tiny_distilled):
+    from drafters.data.corpus import DistillResumeError, finalize, load_records
+
+    corpus = tmp_path / "train"
+    shutil.copytree(tiny_distilled, corpus, ignore=shutil.ignore_patterns("dataset"))
+    shards = sorted((corpus / "shards").glob("batch-*.json"))
+    assert len(shards) > 1
+    all_records = load_records(corpus)
+    shards[-1].unlink()  # this batch is not distilled yet
+    with pytest.raises(DistillResumeError, match="not distilled yet"):
+        finalize(corpus, tiny.identity.to_dict())
+    ds, stats = finalize(corpus, tiny.identity.to_dict(), partial=True)
+    assert 0 < len(ds) < len(all_records)
+    assert stats["partial"]["batches_merged"] == len(shards) - 1
+    assert stats["partial"]["batches_total"] == len(shards)
+
+
+def test_cache_stores_the_target_entropy_once(tmp_path, tiny, tiny_distilled):
+    from drafters.models.gate import entropy
+    from drafters.training.examples import collate
+
+    ex = examples_of(tiny, tiny_distilled)
+    build_feature_cache(tiny, ex, tmp_path / "cache", dtype="bfloat16", shard_examples=5)
+    cache = FeatureCache(tmp_path / "cache", tiny, ex)
+    e = ex.examples[0]
+    f, _ = tiny.features(torch.tensor([e.input_ids]))
+    torch.testing.assert_close(cache.entropy(e.key), entropy(tiny.lm_head(f[0])), atol=1e-4,
+                               rtol=1e-4)  # fmt: skip
+    batch = collate(ex.examples[:2], 0, [cache[x.key] for x in ex.examples[:2]],
+                    [cache.entropy(x.key) for x in ex.examples[:2]])  # fmt: skip
+    assert batch["target_entropy"].shape == batch["input_ids"].shape
+    for p in (tmp_path / "cache").glob("*.entropy.npy"):  # a cache from before: no entropy
+        p.unlink()
+    assert FeatureCache(tmp_path / "cache", tiny, ex).entropy(e.key) is None
+
+
+def test_gate_reads_the_cached_entropy_or_computes_it(tiny):
+    from drafters.models.gate import entropy
+
+    shapes = {"hidden_size": tiny.hidden_size, "vocab_size": tiny.vocab_size}
+    m = DrafterLitModule("cerberus", shapes, gate="learned").attach(tiny)
+    f = torch.randn(2, 5, tiny.hidden_size)
+    rows = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    computed = m.target_entropy({}, f, rows)
+    want = entropy(tiny.lm_head(f)).masked_fill(~rows, 0)
+    torch.testing.assert_close(computed, want)
+    cached = m.target_entropy({"target_entropy": want + 1.0}, f, rows)
+    torch.testing.assert_close(cached, (want + 1.0).masked_fill(~rows, 0))
+
+
+def test_an_older_cache_gains_its_entropy_on_the_next_build(tmp_path, tiny, tiny_distilled):
+    ex = examples_of(tiny, tiny_distilled)
+    build_feature_cache(tiny, ex, tmp_path / "cache", dtype="float32", shard_examples=5)
+    fresh = FeatureCache(tmp_path / "cache", tiny, ex)
+    want = {e.key: fresh.entropy(e.key) for e in ex}
+    for p in (tmp_path / "cache").glob("*.entropy.npy"):
+        p.unlink()
+    build_feature_cache(tiny, ex, tmp_path / "cache", dtype="float32", shard_examples=5)
+    again = FeatureCache(tmp_path / "cache", tiny, ex)
+    for e in ex:
+        torch.testing.assert_close(again.entropy(e.key), want[e.key], atol=1e-5, rtol=1e-5)
