@@ -169,3 +169,35 @@ def test_an_older_cache_gains_its_entropy_on_the_next_build(tmp_path, tiny, tiny
     again = FeatureCache(tmp_path / "cache", tiny, ex)
     for e in ex:
         torch.testing.assert_close(again.entropy(e.key), want[e.key], atol=1e-5, rtol=1e-5)
+
+
+def test_a_grown_corpus_adds_only_its_new_examples_to_the_cache(tmp_path, tiny, tiny_distilled):
+    import dataclasses
+
+    from drafters.training.feature_cache import FeatureCacheError
+
+    ex = examples_of(tiny, tiny_distilled)
+    half = ex.subset_by_answer_tokens(ex.num_answer_tokens // 2)
+    first = build_feature_cache(tiny, half, tmp_path / "c", dtype="float32", shard_examples=4)
+    assert first["this_build"]["added"] == len(half)
+    with pytest.raises(FeatureCacheError, match=f"lacks {len(ex) - len(half)} of these"):
+        FeatureCache(tmp_path / "c", tiny, ex)
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "c").glob("shard-*.npy")}
+    grown = build_feature_cache(tiny, ex, tmp_path / "c", dtype="float32", shard_examples=4)
+    assert grown["this_build"]["added"] == len(ex) - len(half)
+    assert grown["num_examples"] == len(ex)
+    assert all(p.stat().st_mtime_ns == t for p, t in stamps.items())  # nothing redone
+    build_feature_cache(tiny, ex, tmp_path / "fresh", dtype="float32", shard_examples=4)
+    a, b = FeatureCache(tmp_path / "c", tiny, ex), FeatureCache(tmp_path / "fresh", tiny, ex)
+    for e in ex:
+        assert torch.equal(a[e.key], b[e.key])
+    # the same conversations with other answers (another distillation run): refused
+    e0 = ex.examples[0]
+    other = list(e0.input_ids)
+    other[-1] = (other[-1] + 1) % tiny.vocab_size
+    changed = dataclasses.replace(e0, input_ids=tuple(other))
+    ex.examples[0] = changed
+    with pytest.raises(FeatureCacheError, match="other examples"):
+        FeatureCache(tmp_path / "c", tiny, ex)
+    with pytest.raises(FeatureCacheError, match="other examples"):
+        build_feature_cache(tiny, ex, tmp_path / "c", dtype="float32")

@@ -87,8 +87,10 @@ def test_cache_for_another_tokenizer_or_data_is_refused(tmp_path, tiny, tiny_dis
     other._identity = None
     with pytest.raises(FeatureCacheError, match="tokenizer_hash"):
         FeatureCache(tmp_path / "c", other, ex)
+    cut = examples_of(tiny, tiny_distilled, max_length=60)  # the same keys, cut shorter
+    assert len(cut) and any(len(a.input_ids) != len(b.input_ids) for a, b in zip(cut, ex))
     with pytest.raises(FeatureCacheError, match="other examples"):
-        FeatureCache(tmp_path / "c", tiny, examples_of(tiny, tiny_distilled, max_length=16))
+        FeatureCache(tmp_path / "c", tiny, cut)
 
 
 def test_data_of_another_model_with_the_same_shapes_is_refused(tmp_path, tiny, tiny_distilled):

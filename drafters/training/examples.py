@@ -8,7 +8,6 @@ to `max_length` tokens, loss mask on assistant tokens. Batches are right-padded;
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +30,6 @@ class ConversationExamples(Dataset):
     def __init__(self, rows: list[dict], tokenizer, max_length: int, eos_token_ids: list[int]):
         self.examples: list[Example] = []
         self.dropped = 0
-        self.parent: ConversationExamples | None = None  # set on a subset
         for row in rows:
             # a cut answer has no end-of-turn token in its ids, so none is in the loss
             r = render_conversation(tokenizer, row["messages"], eos_token_ids, row["response_ids"])
@@ -67,11 +65,11 @@ class ConversationExamples(Dataset):
     def subset_by_answer_tokens(self, budget: int, seed: int = 0) -> ConversationExamples:
         """The examples of a seeded random order, taken while their answer tokens total at most
         `budget` (at least one): smaller budgets are prefixes of larger ones with the same seed,
-        for data-scaling curves. Its `parent` is self (the feature cache is the parent's)."""
+        for data-scaling curves. The offline feature cache serves it by key."""
         g = torch.Generator().manual_seed(seed)
         order = torch.randperm(len(self.examples), generator=g).tolist()
         sub = object.__new__(ConversationExamples)
-        sub.examples, sub.dropped, sub.parent = [], self.dropped, self
+        sub.examples, sub.dropped = [], self.dropped
         total = 0
         for i in order:
             n = sum(self.examples[i].loss_mask)
@@ -80,18 +78,6 @@ class ConversationExamples(Dataset):
             sub.examples.append(self.examples[i])
             total += n
         return sub
-
-    def cache_fingerprint(self) -> str:
-        """The fingerprint the offline feature cache is keyed on: a subset reads its parent's."""
-        return self.parent.cache_fingerprint() if self.parent is not None else self.fingerprint()
-
-    def fingerprint(self) -> str:
-        """Equal iff the examples (keys and tokens) are equal: guards the offline feature cache."""
-        h = hashlib.sha256()
-        for e in self.examples:
-            h.update(e.key.encode())
-            h.update(torch.tensor(e.input_ids, dtype=torch.int32).numpy().tobytes())
-        return h.hexdigest()[:16]
 
 
 def collate(

@@ -2,9 +2,9 @@
 
 Layout of a cache folder:
 
-    meta.json            target identity, examples fingerprint, dtype, hidden size, totals
+    meta.json            target identity, dtype, hidden size, totals
     shard-000000.npy     (tokens, d) features f_j of a run of consecutive examples
-    shard-000000.json    the keys and token counts of those examples, in order
+    shard-000000.json    [key, token count, token digest] of those examples, in order
     shard-000000.entropy.npy  (tokens,) float32 entropy H(p_j) of the target's distribution
     ...
 
@@ -14,12 +14,17 @@ The one thing computed from the whole vocabulary that a step would otherwise rec
 epoch, the entropy the gates read, is stored once (4 bytes a token, from the unrounded f). A
 cache built before it existed has no entropy files (steps then compute it themselves) until
 `python data/cache_features.py` runs again and adds them, from the stored f.
-Shards are written atomically and the build resumes from the first missing shard. A cache made
-for another target, tokenizer or data is refused with an error naming both.
+Shards are written atomically, and an example is found by its key (conversation id + content
+hash) with its tokens checked (count and digest: the answers are the target's), so a build
+computes only the examples not cached yet: a killed build resumes, and a corpus that grew (a
+partial merge, then the full one) adds shards for its new conversations only. A cache made for
+another target or tokenizer, or an example cached with other tokens (another corpus,
+data.max_length changed), is refused with an error naming both.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -53,16 +58,61 @@ def target_entropy(target: Target, f: torch.Tensor, rows: int = 512) -> torch.Te
     return torch.cat(out).reshape(f.shape[:-1]) if out else flat.new_zeros(f.shape[:-1]).float()
 
 
-def _meta(target: Target, examples: ConversationExamples, dtype: str, shard_examples: int):
-    return {
-        "target": target.identity.to_dict(),
-        "examples_fingerprint": examples.fingerprint(),
-        "num_examples": len(examples),
-        "num_tokens": examples.num_tokens,
-        "hidden_size": target.hidden_size,
-        "dtype": dtype,
-        "shard_examples": shard_examples,
-    }
+def _meta(target: Target, dtype: str) -> dict:
+    return {"target": target.identity.to_dict(), "hidden_size": target.hidden_size, "dtype": dtype}
+
+
+def _shards(folder: Path) -> dict[int, Path]:
+    """Complete shards (features and index both written; the index goes last): number -> index
+    file."""
+    out = {}
+    for idx in folder.glob("shard-*.json"):
+        if idx.with_suffix(".npy").exists():
+            out[int(idx.stem.split("-")[1])] = idx
+    return dict(sorted(out.items()))
+
+
+def tokens_digest(input_ids) -> str:
+    """Hash of an example's token ids: the key names the source conversation, this its
+    rendering with the target's own answers (which another distillation run may change)."""
+    return hashlib.sha256(np.asarray(input_ids, dtype=np.int32).tobytes()).hexdigest()[:16]
+
+
+def _index(folder: Path) -> dict[str, tuple]:
+    """key -> (shard number, offset, length, tokens digest or None) over the complete shards
+    (a cache from before the digest holds [key, length] entries)."""
+    index = {}
+    for s, idx in _shards(folder).items():
+        offset = 0
+        for key, length, *digest in json.loads(idx.read_text()):
+            index[key] = (s, offset, length, digest[0] if digest else None)
+            offset += length
+    return index
+
+
+def _check_meta(folder: Path, meta: dict, target: Target) -> None:
+    old = json.loads((folder / "meta.json").read_text())
+    problem = target.identity.mismatch(old["target"], f"feature cache {folder}")
+    if problem:  # (an older identity is compared on the keys it holds)
+        raise FeatureCacheError(problem + "; delete it or choose another data.cache_dir")
+    for key in ("hidden_size", "dtype"):
+        if old.get(key) != meta[key]:
+            raise FeatureCacheError(
+                f"feature cache {folder} holds {key}={old.get(key)!r}, not {meta[key]!r}; "
+                "delete it or choose another data.cache_dir"
+            )
+
+
+def _other_examples(folder: Path, examples, index) -> list[str]:
+    """Keys cached with other tokens: the same conversation with other answers, or rendered or
+    cut otherwise (entries without a digest: compared on the token count)."""
+    out = []
+    for e in examples:
+        if e.key in index:
+            _, _, length, digest = index[e.key]
+            if length != len(e.input_ids) or (digest and digest != tokens_digest(e.input_ids)):
+                out.append(e.key)
+    return out
 
 
 def build_feature_cache(
@@ -73,80 +123,96 @@ def build_feature_cache(
     batch_size: int = 8,
     shard_examples: int = 256,
 ) -> dict:
-    """Compute and store f for every example (resumable). Returns the cache's meta dict."""
+    """Compute and store f for every example not cached yet (resumable, and incremental: a
+    grown corpus adds shards for its new examples only). Returns the cache's meta dict."""
     if dtype not in DTYPES:
         raise FeatureCacheError(f"feature cache dtype {dtype!r}: use one of {sorted(DTYPES)}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    meta = _meta(target, examples, dtype, shard_examples)
-    meta_path = folder / "meta.json"
-    if meta_path.exists():
-        old = json.loads(meta_path.read_text())
-        problem = target.identity.mismatch(old["target"], f"feature cache {folder}")
-        # the target is compared by `mismatch` (an older identity on the keys it holds)
-        skip = ("bytes_per_token", "target")
-        settings = {k: v for k, v in meta.items() if k not in skip}
-        if problem or {k: v for k, v in old.items() if k not in skip} != settings:
-            raise FeatureCacheError(
-                (problem or f"feature cache {folder} was built from other examples or settings")
-                + "; delete it or choose another data.cache_dir"
-            )
+    meta = _meta(target, dtype)
+    if (folder / "meta.json").exists():
+        _check_meta(folder, meta, target)
+    index = _index(folder)
+    changed = _other_examples(folder, examples, index)
+    if changed:
+        raise FeatureCacheError(
+            f"feature cache {folder} was built from other examples ({len(changed)} cached with "
+            f"other tokens, e.g. {changed[0]}: another corpus, or data.max_length changed); "
+            "delete it or choose another data.cache_dir"
+        )
+    _add_entropy(folder, target, dtype)
+    todo = [e for e in examples if e.key not in index]
+    free = (n for n in range(len(_shards(folder)) + len(todo) + 1) if n not in _shards(folder))
     torch_dtype, np_dtype = DTYPES[dtype]
-    n_shards = -(-len(examples) // shard_examples)
     pad = target.tokenizer.pad_token_id
     t0, tokens = time.perf_counter(), 0
     bar = tqdm(total=len(examples), unit="conv", desc="features", dynamic_ncols=True)
-    for s in range(n_shards):
-        lo, hi = s * shard_examples, min(len(examples), (s + 1) * shard_examples)
+    bar.update(len(examples) - len(todo))
+    for lo in range(0, len(todo), shard_examples):
+        part = todo[lo : lo + shard_examples]
+        s = next(free)
         npy, idx = folder / f"shard-{s:06d}.npy", folder / f"shard-{s:06d}.json"
-        ent_path = folder / f"shard-{s:06d}.entropy.npy"
-        if npy.exists() and idx.exists():
-            if not ent_path.exists():  # a shard of an older cache: entropy from its stored f
-                stored = torch.from_numpy(np.load(npy))
-                stored = stored.view(torch.bfloat16) if dtype == "bfloat16" else stored
-                h = target_entropy(target, stored.to(target.device, target.dtype)).cpu()
-                with atomic_file(ent_path) as tmp:
-                    np.save(tmp, h.numpy())
-            bar.update(hi - lo)
-            continue
         # sort by length inside the shard so batches carry little padding
-        order = sorted(range(lo, hi), key=lambda i: len(examples[i].input_ids))
+        order = sorted(range(len(part)), key=lambda i: len(part[i].input_ids))
         feats: dict[int, torch.Tensor] = {}
         ents: dict[int, torch.Tensor] = {}
         for b in range(0, len(order), batch_size):
             chunk = order[b : b + batch_size]
-            batch = collate([examples[i] for i in chunk], pad)
+            batch = collate([part[i] for i in chunk], pad)
             ids = batch["input_ids"].to(target.device)
             f, _ = target.features(ids, batch["attention_mask"].to(target.device))
             for row, i in enumerate(chunk):
-                fi = f[row, : len(examples[i].input_ids)]
+                fi = f[row, : len(part[i].input_ids)]
                 feats[i] = fi.to("cpu", torch_dtype)
                 ents[i] = target_entropy(target, fi).cpu()
             bar.update(len(chunk))
-        stacked = torch.cat([feats[i] for i in range(lo, hi)])
+        stacked = torch.cat([feats[i] for i in range(len(part))])
         tokens += stacked.shape[0]
         arr = (
             stacked.view(torch.int16).numpy().view(np_dtype)
             if dtype == "bfloat16"
             else (stacked.numpy())
         )
-        with atomic_file(ent_path) as tmp:  # before the features: a shard is its .npy + .json
-            np.save(tmp, torch.cat([ents[i] for i in range(lo, hi)]).numpy())
+        # entropy, features, then the index: a shard is complete once its index is written
+        with atomic_file(npy.with_suffix(".entropy.npy")) as tmp:
+            np.save(tmp, torch.cat([ents[i] for i in range(len(part))]).numpy())
         with atomic_file(npy) as tmp:
             np.save(tmp, arr)
-        entries = [[examples[i].key, len(examples[i].input_ids)] for i in range(lo, hi)]
         with atomic_file(idx) as tmp:
+            entries = [[e.key, len(e.input_ids), tokens_digest(e.input_ids)] for e in part]
             tmp.write_text(json.dumps(entries))
         bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - t0):.0f}")
     bar.close()
-    size = sum(p.stat().st_size for p in folder.glob("shard-*.npy") if "entropy" not in p.name)
-    meta["bytes_per_token"] = round(size / max(1, examples.num_tokens), 1)
-    write_json_atomic(meta_path, meta)
+    index = _index(folder)
+    size = sum(idx.with_suffix(".npy").stat().st_size for idx in _shards(folder).values())
+    cached = sum(entry[2] for entry in index.values())
+    meta.update(
+        num_examples=len(index),
+        num_tokens=cached,
+        bytes_per_token=round(size / max(1, cached), 1),
+        this_build={"examples": len(examples), "added": len(todo)},
+    )
+    write_json_atomic(folder / "meta.json", meta)
     return meta
 
 
+def _add_entropy(folder: Path, target: Target, dtype: str) -> None:
+    """Shards of a cache built before the entropy was stored get it now, from their stored f."""
+    for idx in _shards(folder).values():
+        npy = idx.with_suffix(".npy")
+        ent = npy.with_suffix(".entropy.npy")
+        if ent.exists():
+            continue
+        stored = torch.from_numpy(np.load(npy))
+        stored = stored.view(torch.bfloat16) if dtype == "bfloat16" else stored
+        h = target_entropy(target, stored.to(target.device, target.dtype)).cpu()
+        with atomic_file(ent) as tmp:
+            np.save(tmp, h.numpy())
+
+
 class FeatureCache:
-    """Read side: `cache[key]` -> (L, d) features of one example, memory-mapped from disk."""
+    """Read side: `cache[key]` -> (L, d) features of one example, memory-mapped from disk. Every
+    example must be cached, with its own token count (else: rebuild or extend the cache)."""
 
     def __init__(self, folder: str | Path, target: Target, examples: ConversationExamples):
         self.folder = Path(folder)
@@ -160,39 +226,37 @@ class FeatureCache:
         problem = target.identity.mismatch(meta["target"], f"feature cache {self.folder}")
         if problem:
             raise FeatureCacheError(problem + "; rebuild it with `python data/cache_features.py`")
-        if meta["examples_fingerprint"] != examples.cache_fingerprint():
-            raise FeatureCacheError(
-                f"feature cache {self.folder} was built from other examples (data or max_length "
-                "changed); rebuild it with `python data/cache_features.py`"
-            )
         self.meta = meta
         self.torch_dtype = DTYPES[meta["dtype"]][0]
-        self.index: dict[str, tuple[int, int, int]] = {}  # key -> (shard, offset, length)
-        self.shards: list[np.ndarray] = []
-        self.entropy_shards: list[np.ndarray | None] = []
-        for s, idx in enumerate(sorted(self.folder.glob("shard-*.json"))):
-            self.shards.append(np.load(idx.with_suffix(".npy"), mmap_mode="r"))
-            ent = idx.with_suffix(".entropy.npy")
-            self.entropy_shards.append(np.load(ent, mmap_mode="r") if ent.exists() else None)
-            offset = 0
-            for key, length in json.loads(idx.read_text()):
-                self.index[key] = (s, offset, length)
-                offset += length
+        self.index = _index(self.folder)  # key -> (shard, offset, length)
+        changed = _other_examples(self.folder, examples, self.index)
+        if changed:
+            raise FeatureCacheError(
+                f"feature cache {self.folder} was built from other examples ({len(changed)} "
+                "cached with other tokens: another corpus, or data.max_length changed); "
+                "rebuild it with `python data/cache_features.py` into another data.cache_dir"
+            )
         missing = sum(e.key not in self.index for e in examples)
         if missing:
             raise FeatureCacheError(
-                f"feature cache {self.folder} is incomplete ({missing} examples missing); "
-                "finish it with `python data/cache_features.py` (it resumes)"
+                f"feature cache {self.folder} lacks {missing} of these {len(examples)} examples "
+                "(unfinished, or the corpus grew); `python data/cache_features.py` adds them"
             )
+        self.shards: dict[int, np.ndarray] = {}
+        self.entropy_shards: dict[int, np.ndarray | None] = {}
+        for s, idx in _shards(self.folder).items():
+            self.shards[s] = np.load(idx.with_suffix(".npy"), mmap_mode="r")
+            ent = idx.with_suffix(".entropy.npy")
+            self.entropy_shards[s] = np.load(ent, mmap_mode="r") if ent.exists() else None
 
     def entropy(self, key: str) -> torch.Tensor | None:
         """(L,) float32 target entropy of one example, None if its shard has none (old cache)."""
-        s, offset, length = self.index[key]
+        s, offset, length, _ = self.index[key]
         ent = self.entropy_shards[s]
         return None if ent is None else torch.from_numpy(np.array(ent[offset : offset + length]))
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        s, offset, length = self.index[key]
+        s, offset, length, _ = self.index[key]
         arr = np.array(self.shards[s][offset : offset + length])  # copy out of the memmap
         t = torch.from_numpy(arr)
         return t.view(torch.bfloat16) if self.torch_dtype == torch.bfloat16 else t
