@@ -223,4 +223,17 @@ def train(cfg: DictConfig) -> dict:
         for lg in trainer.loggers:
             lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    finish_wandb(trainer)
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+
+def finish_wandb(trainer: L.Trainer) -> None:
+    """Close this run's W&B run (flushing an offline one): otherwise the next train() in the
+    same process (a Hydra multirun, a notebook) would log into it, artifact included."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    if any(isinstance(lg, WandbLogger) for lg in trainer.loggers):
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()
