@@ -11,15 +11,14 @@ Layout of a cache folder:
 Only `f` is stored (~2·d bytes a token in bf16): the target's distribution p_j = softmax(W f_j)
 is recomputed from it with the frozen LM head, so the KL loss needs no vocabulary-sized cache.
 The one thing computed from the whole vocabulary that a step would otherwise recompute every
-epoch, the entropy the gates read, is stored once (4 bytes a token, from the unrounded f). A
-cache built before it existed has no entropy files (steps then compute it themselves) until
-`python data/cache_features.py` runs again and adds them, from the stored f.
+epoch, the entropy the gates read, is stored once (4 bytes a token, from the unrounded f); a
+shard without it makes the steps compute it themselves.
 Shards are written atomically, and an example is found by its key (conversation id + content
 hash) with its tokens checked (count and digest: the answers are the target's), so a build
 computes only the examples not cached yet: a killed build resumes, and a corpus that grew (a
 partial merge, then the full one) adds shards for its new conversations only. A cache made for
-another target or tokenizer, or an example cached with other tokens (another corpus,
-data.max_length changed), is refused with an error naming both.
+another target or tokenizer, an example cached with other tokens (another corpus,
+data.max_length changed), or a cache written before token digests, is refused, saying why.
 """
 
 from __future__ import annotations
@@ -79,13 +78,19 @@ def tokens_digest(input_ids) -> str:
 
 
 def _index(folder: Path) -> dict[str, tuple]:
-    """key -> (shard number, offset, length, tokens digest or None) over the complete shards
-    (a cache from before the digest holds [key, length] entries)."""
+    """key -> (shard number, offset, length, tokens digest) over the complete shards."""
     index = {}
     for s, idx in _shards(folder).items():
         offset = 0
-        for key, length, *digest in json.loads(idx.read_text()):
-            index[key] = (s, offset, length, digest[0] if digest else None)
+        for entry in json.loads(idx.read_text()):
+            if len(entry) != 3:  # [key, length]: written before the digest, so unverifiable
+                raise FeatureCacheError(
+                    f"feature cache {folder} was written by an older drafters (no token digests "
+                    f"in {idx.name}), so its examples cannot be checked; delete the folder and "
+                    "run `python data/cache_features.py` again"
+                )
+            key, length, digest = entry
+            index[key] = (s, offset, length, digest)
             offset += length
     return index
 
@@ -105,12 +110,12 @@ def _check_meta(folder: Path, meta: dict, target: Target) -> None:
 
 def _other_examples(folder: Path, examples, index) -> list[str]:
     """Keys cached with other tokens: the same conversation with other answers, or rendered or
-    cut otherwise (entries without a digest: compared on the token count)."""
+    cut otherwise."""
     out = []
     for e in examples:
         if e.key in index:
             _, _, length, digest = index[e.key]
-            if length != len(e.input_ids) or (digest and digest != tokens_digest(e.input_ids)):
+            if length != len(e.input_ids) or digest != tokens_digest(e.input_ids):
                 out.append(e.key)
     return out
 
@@ -140,7 +145,6 @@ def build_feature_cache(
             f"other tokens, e.g. {changed[0]}: another corpus, or data.max_length changed); "
             "delete it or choose another data.cache_dir"
         )
-    _add_entropy(folder, target, dtype)
     todo = [e for e in examples if e.key not in index]
     free = (n for n in range(len(_shards(folder)) + len(todo) + 1) if n not in _shards(folder))
     torch_dtype, np_dtype = DTYPES[dtype]
@@ -194,20 +198,6 @@ def build_feature_cache(
     )
     write_json_atomic(folder / "meta.json", meta)
     return meta
-
-
-def _add_entropy(folder: Path, target: Target, dtype: str) -> None:
-    """Shards of a cache built before the entropy was stored get it now, from their stored f."""
-    for idx in _shards(folder).values():
-        npy = idx.with_suffix(".npy")
-        ent = npy.with_suffix(".entropy.npy")
-        if ent.exists():
-            continue
-        stored = torch.from_numpy(np.load(npy))
-        stored = stored.view(torch.bfloat16) if dtype == "bfloat16" else stored
-        h = target_entropy(target, stored.to(target.device, target.dtype)).cpu()
-        with atomic_file(ent) as tmp:
-            np.save(tmp, h.numpy())
 
 
 class FeatureCache:
