@@ -12,6 +12,7 @@ from train_helpers import ROOT, compose_config, tiny_overrides
 
 from drafters.cli import bench_main
 from drafters.eval.bench import load_questions
+from drafters.export import read_config
 
 
 def write_eval(folder: Path, name: str = "mt_bench") -> Path:
@@ -82,6 +83,15 @@ def test_bench_on_the_tiny_target(tmp_path, tiny_exported, capsys):
     # the second turn's prompt holds the first answer: it is longer than the first prompt
     assert rec["turns"][1]["prompt_tokens"] > rec["turns"][0]["prompt_tokens"]
     assert "yes (2/2)" in (out / "results.md").read_text()
+    # Falcon: tau by N mod k, pooled from every turn's counts; none for the other methods
+    k = read_config(tiny_exported["falcon"])["model"]["k"]
+    phases = rows["falcon_tiny", "all"]["tau_by_phase"]
+    assert list(phases) == [str(r) for r in range(k)]
+    turns = [t for r in res["records"] if r["method"] == "falcon_tiny" for t in r["turns"]]
+    assert sum(p["steps"] for p in phases.values()) == sum(t["verify_forwards"] for t in turns)
+    assert sum(p["tokens"] for p in phases.values()) == sum(t["new_tokens"] - 1 for t in turns)
+    assert all(rows[m, "all"]["tau_by_phase"] is None for m in methods[:-1])
+    assert "τ by N mod k |" in printed and "| 0: " in printed
 
 
 def test_generate_command(tiny_exported):

@@ -6,6 +6,12 @@ plus one bonus token, fewer only when EOS or max_new_tokens ends generation insi
     tau   = (new_tokens - 1) / verify_forwards   (bonus included; plain AR decoding has tau = 1)
     alpha = accepted draft tokens / new_tokens
 Pool several prompts with the raw counts of `stats()`, not by averaging per-prompt ratios.
+
+Phase. A verification forward starts from committed tokens t_0 .. t_N, t_N the root (emitted, not
+yet in the target's cache): N = prompt length + tokens emitted before the step - 1, the root's
+index in `sequences` (`step_positions`). A Falcon drafter works in blocks of k positions, so its
+acceptance may depend on N mod k; `tau_by_phase(k)` splits tau by that phase, with counts that
+pool across prompts like those of `stats()`.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 
@@ -29,6 +36,7 @@ class DecodeResult:
     sequences: torch.Tensor  # (1, prompt_len + new_tokens): prompt then output, as HF generate
     prompt_len: int
     accept_lens: list[int]  # per verification forward: draft tokens accepted and kept (AR: 0)
+    step_positions: list[int]  # per verification forward: N, the index of its root t_N
     tree_steps: int
     ar_steps: int
     wall_time_s: float  # prefill + decoding, device synchronised
@@ -61,6 +69,27 @@ class DecodeResult:
     def alpha(self) -> float:
         return self.accepted_tokens / self.new_tokens if self.new_tokens else float("nan")
 
+    @property
+    def step_tokens(self) -> list[int]:
+        """Per verification forward: the new tokens it kept (accepted + bonus, fewer when EOS or
+        max_new_tokens cut it), i.e. how far it moved the root."""
+        end = self.prompt_len + self.new_tokens - 1  # the root after the last step
+        return [b - a for a, b in pairwise([*self.step_positions, end])]
+
+    def tau_by_phase(self, k: int) -> dict[int, dict]:
+        """For each phase r in 0 .. k-1, over the verification forwards whose N mod k == r:
+        {"steps": their count, "tokens": the new tokens they kept, "tau": tokens / steps (nan
+        without steps)}. The phases' steps sum to verify_forwards, their tokens to
+        new_tokens - 1; pool prompts by adding steps and tokens."""
+        steps, tokens = [0] * k, [0] * k
+        for n, kept in zip(self.step_positions, self.step_tokens, strict=True):
+            steps[n % k] += 1
+            tokens[n % k] += kept
+        return {
+            r: {"steps": s, "tokens": t, "tau": t / s if s else float("nan")}
+            for r, (s, t) in enumerate(zip(steps, tokens, strict=True))
+        }
+
     def stats(self) -> dict:
         """JSON-able summary; the counts pool across prompts."""
         return {
@@ -88,6 +117,7 @@ class Generation:
         self.eos = set(eos_token_ids)
         self.tokens: list[int] = []
         self.accept_lens: list[int] = []
+        self.step_positions: list[int] = []
         self.tree_steps = self.ar_steps = 0
         self.ended_by_eos = False
         self.start = sync_clock(input_ids.device)
@@ -109,7 +139,9 @@ class Generation:
 
     def step(self, tokens: list[int], drafted: int, tree: bool) -> None:
         """Record one verification forward that produced `drafted` accepted draft tokens
-        followed by a bonus token (`tokens`)."""
+        followed by a bonus token (`tokens`), from the root t_N, N = the index of the last
+        token emitted so far."""
+        self.step_positions.append(self.input_ids.shape[1] + len(self.tokens) - 1)
         kept = self.emit(tokens)
         self.accept_lens.append(min(drafted, kept))
         self.tree_steps += tree
@@ -122,6 +154,7 @@ class Generation:
             sequences=torch.cat([self.input_ids, new.view(1, -1)], dim=1),
             prompt_len=self.input_ids.shape[1],
             accept_lens=self.accept_lens,
+            step_positions=self.step_positions,
             tree_steps=self.tree_steps,
             ar_steps=self.ar_steps,
             wall_time_s=wall,

@@ -21,7 +21,9 @@ Reported per method and category (and "all"): tau (new tokens per target verific
 bonus included, pooled over all turns; "-" for HF methods, whose forwards are not counted),
 alpha (accepted draft tokens / new tokens), tokens/s (mean over questions of new tokens /
 seconds, turns pooled within a question), speedup (that mean / hf_greedy's on the same
-questions), lossless (questions whose every turn equals hf_greedy's output token for token).
+questions), lossless (questions whose every turn equals hf_greedy's output token for token), and
+for Falcon drafters tau by N mod k (`tau_by_phase`: tau over the verification forwards whose
+root t_N has N mod k == r, r = 0 .. k-1, k the drafter's block size; see `_decode_stats`).
 Written to --out: results.json (settings, summary, per-question records), results.md (the table,
 also printed), speedup_by_category.png, accept_lengths.png.
 
@@ -149,6 +151,7 @@ def drafter_method(target, drafter, gate: str | None, name: str, tree=None) -> M
     from drafters.speculate import cost_ratio, speculative_decode
 
     state: dict = {}
+    phase_k = drafter.model.cfg.k if drafter.kind == "falcon" else None  # tau by N mod k
 
     def before(ids: torch.Tensor) -> dict:
         if gate is None:
@@ -161,7 +164,7 @@ def drafter_method(target, drafter, gate: str | None, name: str, tree=None) -> M
             target, drafter, ids, n, gate=gate or "none", tree=tree,
             cost_ratio=state.get("cost_ratio"),
         )  # fmt: skip
-        return res.output_ids.tolist(), _decode_stats(res)
+        return res.output_ids.tolist(), _decode_stats(res, phase_k)
 
     used = drafter.tree if tree is None else tree
     info = {
@@ -174,11 +177,21 @@ def drafter_method(target, drafter, gate: str | None, name: str, tree=None) -> M
     return Method(name, drafter.kind, generate, info, before)
 
 
-def _decode_stats(res) -> dict:
+def _decode_stats(res, phase_k: int | None = None) -> dict:
+    """A turn's record of a decode: `res.stats()` less the wall time, `accept_hist` (verification
+    forwards per accepted length 0, 1, ...) and, with phase_k (Falcon's k; None for head
+    drafters and AR, whose drafting does not depend on N mod k), `tau_by_phase`: the raw counts
+    of `DecodeResult.tau_by_phase`, {"r": {"steps": .., "tokens": ..}} for r = 0 .. k-1, which
+    the report pools into tau per phase."""
     s = res.stats()
     hist = Counter(res.accept_lens)
     s["accept_hist"] = [hist.get(a, 0) for a in range(max(hist, default=-1) + 1)]
     s.pop("wall_time_s")
+    if phase_k is not None:
+        phases = res.tau_by_phase(phase_k)
+        s["tau_by_phase"] = {
+            str(r): {"steps": p["steps"], "tokens": p["tokens"]} for r, p in phases.items()
+        }
     return s
 
 

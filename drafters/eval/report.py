@@ -7,6 +7,10 @@ Definitions (docs/design.md section 6), over the questions of one category (or a
     tok/s     = mean over questions of (new tokens / seconds), a question's turns pooled
     speedup   = tok/s / the baseline's tok/s on the same questions (Spec-Bench)
     lossless  = questions whose every turn equals the baseline's output, of all questions
+    tau_by_phase = Falcon drafters: {"r": {"steps", "tokens", "tau"}} for r = 0 .. k-1, the
+                verification forwards whose root t_N has N mod k == r, the new tokens they kept
+                and tau = tokens / steps (None without steps), pooled; None for other methods.
+                The table shows it in a column "τ by N mod k" when some method has it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,24 @@ def _pooled(records: list[dict]) -> tuple[float | None, float | None]:
     tau = emitted / forwards if forwards else None
     alpha = sum(t["accepted_tokens"] for t in turns) / new if new else None
     return tau, alpha
+
+
+def _pooled_phases(records: list[dict]) -> dict | None:
+    """The turns' `tau_by_phase` counts summed, with tau per phase; None unless every turn has
+    them (Falcon drafters)."""
+    turns = [t for r in records for t in r["turns"]]
+    if not turns or any("tau_by_phase" not in t for t in turns):
+        return None
+    pooled: dict[str, dict] = {}
+    for t in turns:
+        for phase, c in t["tau_by_phase"].items():
+            p = pooled.setdefault(phase, {"steps": 0, "tokens": 0})
+            p["steps"] += c["steps"]
+            p["tokens"] += c["tokens"]
+    return {
+        phase: {**p, "tau": p["tokens"] / p["steps"] if p["steps"] else None}
+        for phase, p in pooled.items()
+    }
 
 
 def summarize(records: list[dict], methods: list[str], baseline: str) -> list[dict]:
@@ -51,6 +73,7 @@ def summarize(records: list[dict], methods: list[str], baseline: str) -> list[di
                     "prompts": len(rs),
                     "new_tokens": sum(r["new_tokens"] for r in rs),
                     "tau": tau,
+                    "tau_by_phase": _pooled_phases(rs),
                     "alpha": alpha,
                     "tokens_per_s": tps,
                     "speedup": tps / base_tps if base_tps else None,
@@ -66,7 +89,16 @@ def fmt(x, spec: str = ".2f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def _phase_cell(phases: dict | None) -> str:
+    """`tau_by_phase` for a table: "0: 1.52 / 1: 1.31"; "-" without it."""
+    if phases is None:
+        return "-"
+    return " / ".join(f"{r}: {fmt(p['tau'], '.2f')}" for r, p in phases.items())
+
+
 def markdown(rows: list[dict], settings: dict) -> str:
+    """The summary table; with a column "τ by N mod k" when some row has `tau_by_phase`."""
+    phases = any(r["tau_by_phase"] is not None for r in rows)
     head = (
         f"{settings['bench']}: {settings['questions']} questions, {settings['turns']} turn(s), "
         f"max {settings['max_new_tokens']} new tokens; target {settings['target']['name']} "
@@ -76,8 +108,9 @@ def markdown(rows: list[dict], settings: dict) -> str:
     lines = [
         head,
         "",
-        "| method | category | prompts | τ | α | tok/s | speedup | lossless |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| method | category | prompts | τ | α | tok/s | speedup | lossless |"
+        + (" τ by N mod k |" if phases else ""),
+        "|---|---|---:|---:|---:|---:|---:|---|" + ("---|" if phases else ""),
     ]
     for r in rows:
         if r["lossless"] is None:
@@ -90,6 +123,7 @@ def markdown(rows: list[dict], settings: dict) -> str:
             f"| {r['method']} | {r['category']} | {r['prompts']} | {fmt(r['tau'], '.2f')} | "
             f"{fmt(r['alpha'], '.2f')} | {fmt(r['tokens_per_s'], '.1f')} | "
             f"{fmt(r['speedup'], '.2f')}x | {lossless} |"
+            + (f" {_phase_cell(r['tau_by_phase'])} |" if phases else "")
         )
     return "\n".join(lines)
 
