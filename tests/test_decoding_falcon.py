@@ -8,6 +8,7 @@ from test_decoding_ar import greedy, make_target, reference
 
 from drafters.decoding import DrafterContext, build_falcon_tree, decode_falcon
 from drafters.models import FalconConfig, FalconDrafter
+from drafters.models.falcon import block_causal_mask
 from drafters.testing import tiny_target
 
 PROMPTS = ["The quick brown fox", "Hello, how are you?"]
@@ -33,27 +34,25 @@ class ScriptedFalcon(FalconDrafter):
         self.table = None if sequence is None else target.features(sequence[None])[0][0]
         self.gen = torch.Generator().manual_seed(seed)
         self.calls: list[dict] = []
+        self.chain_end = 0  # end of the last chain forward (the whole-block cache)
 
-    def forward(
-        self,
-        features,
-        next_tokens,
-        embed,
-        attention_mask=None,
-        position_ids=None,
-        cache=None,
-        attn_bias=None,
-    ):
+    def forward(self, features, next_tokens, embed, attention_mask=None, position_ids=None,
+                cache=None, attn_bias=None, slots=None):  # fmt: skip
         past = 0 if cache is None else cache.length
         out = super().forward(
-            features, next_tokens, embed, attention_mask, position_ids, cache, attn_bias
+            features, next_tokens, embed, attention_mask, position_ids, cache, attn_bias, slots
         )
         if cache is None:  # a reference forward of the test
             return out
-        tree, T = attn_bias is not None, features.shape[1]
+        T = features.shape[1]
         pos = position_ids[0] if position_ids is not None else past + torch.arange(T)
+        if attn_bias is None:
+            kind, self.chain_end = "chain", past + T
+        else:  # the realigned block re-reads committed positions; tree blocks start at N
+            kind = "realigned" if int(pos[0]) < self.chain_end else "tree"
+        tree = kind == "tree"
         self.calls.append(
-            dict(past=past, T=T, tree=tree, pos=pos.tolist(), inputs=features.clone())
+            dict(past=past, T=T, kind=kind, tree=tree, pos=pos.tolist(), inputs=features.clone())
             | dict(tokens=next_tokens[0].tolist(), out=out.clone())
         )
         if self.mode == "random":
@@ -174,13 +173,33 @@ def test_max_new_tokens_inside_an_accepted_path(n):
 
 
 def _steps(calls):
-    """Group recorded calls into decoding steps: (chain calls, tree calls) each."""
+    """Group recorded calls into decoding steps: (pass-1 calls, tree calls) each."""
     steps = []
     for c in calls:
         if not c["tree"] and (not steps or steps[-1][1]):
             steps.append(([], []))
         steps[-1][1 if c["tree"] else 0].append(c)
     return steps
+
+
+def pass1_reference(drafter, embed, f, t, N):
+    """What pass 1 must give at N committed positions, computed in one go: the drafter's full
+    forward when N mod k = 0; else the whole aligned blocks, then the block N-k .. N-1 seeing
+    positions < N-k only (LSTM: its recurrence restarted from the state after N-k-1)."""
+    k = drafter.cfg.k
+    if N % k == 0:
+        return FalconDrafter.forward(drafter, f[:, :N], t[:, :N], embed)[:, -k:]
+    A = N // k * k
+    cache = drafter.new_cache()
+    FalconDrafter.forward(drafter, f[:, :A], t[:, :A], embed, cache=cache)
+    if drafter.cfg.fusion == "lstm":
+        cache.lstm_state = drafter.fusion_state(f[:, : N - k], t[:, : N - k], embed, None)
+    seen = torch.arange(A) < N - k
+    bias = torch.cat([seen.expand(k, A), torch.ones(k, k, dtype=torch.bool)], dim=1)
+    pos = torch.arange(N - k, N).view(1, k)
+    window = (f[:, N - k : N], t[:, N - k : N])
+    return FalconDrafter.forward(drafter, *window, embed, position_ids=pos, cache=cache,
+                                 attn_bias=bias[None, None])  # fmt: skip
 
 
 @pytest.mark.parametrize("k, fusion", [(1, "linear"), (2, "linear"), (2, "lstm"), (3, "lstm")])
@@ -199,21 +218,33 @@ def test_pass1_is_exact_and_the_cache_holds_no_tree_entries(k, fusion):
     assert len(steps) == res.verify_forwards
     fed = ids.shape[1]  # positions fed to the drafter after the prefill: the whole prompt
     cached = 0
-    for s, (chain, tree) in enumerate(steps):
-        # pass 1 starts on whole blocks only: no tree entry, no stale incomplete block
-        assert chain[0]["past"] == cached == k * (chain[0]["past"] // k)
+    phases = set()
+    for s, (first, tree) in enumerate(steps):
+        chain = [c for c in first if c["kind"] == "chain"]
+        realigned = [c for c in first if c["kind"] == "realigned"]
+        whole = k * (fed // k)
+        # the whole-block cache grows from where it stood, contiguously, to the last whole block
         for a, b in zip(chain, chain[1:], strict=False):
             assert b["past"] == a["past"] + a["T"]
-        assert chain[-1]["past"] + chain[-1]["T"] == fed
-        # ... and equals the drafter's full forward over the committed sequence
-        for c in chain:
+        if chain:
+            assert chain[0]["past"] == cached and chain[-1]["past"] + chain[-1]["T"] == whole
+        for c in chain:  # whole aligned blocks equal the drafter's full forward
             end = c["past"] + c["T"]
             full = FalconDrafter.forward(drafter, f_ref[:, :end], nxt[:, :end], target.embed_tokens)
             torch.testing.assert_close(c["out"], full[:, c["past"] :], atol=1e-4, rtol=0)
             assert c["tokens"] == seq[c["past"] + 1 : end + 1]
-        # pass 2 reads pass 1's last k outputs (the scripted f_fed .. f_fed+k-1) and the
-        # block-0 tokens; tree passes sit on top of the committed cache
-        assert tree[0]["past"] == fed
+        # r > 0: one realigned block over the last k committed pairs, on the whole blocks only
+        assert len(realigned) == (fed % k > 0)
+        out = realigned[0]["out"] if realigned else chain[-1]["out"][:, -k:]
+        if realigned:
+            assert realigned[0]["past"] == whole
+            assert realigned[0]["pos"] == list(range(fed - k, fed))
+        want = pass1_reference(drafter, target.embed_tokens, f_ref, nxt, fed)
+        torch.testing.assert_close(out, want, atol=1e-4, rtol=0)
+        phases.add(fed % k)
+        # pass 2 reads pass 1's k outputs (the scripted f_fed .. f_fed+k-1) and the block-0
+        # tokens at positions fed .. fed+k-1; tree passes sit on top of the pass-1 cache
+        assert tree[0]["past"] == whole + k * bool(realigned)
         assert tree[0]["pos"][:k] == list(range(fed, fed + k))
         inputs = tree[0]["inputs"].view(-1, k, f_ref.shape[-1])
         if fed + k < len(seq):
@@ -221,16 +252,19 @@ def test_pass1_is_exact_and_the_cache_holds_no_tree_entries(k, fusion):
             assert tree[0]["tokens"][:k] == seq[fed + 1 : fed + k + 1]
         for a, b in zip(tree, tree[1:], strict=False):
             assert b["past"] == a["past"] + a["T"]
-        cached = k * (fed // k)  # the whole blocks of what pass 1 fed
+        cached = whole
         fed += res.accept_lens[s] + 1  # the root and the accepted nodes, fed by the next pass 1
+    assert phases == set(range(k))  # every N mod k occurred
 
 
 @pytest.mark.parametrize("k, fusion", [(1, "lstm"), (2, "linear"), (2, "lstm"), (3, "lstm")])
-def test_drafter_context_equals_full_forward(k, fusion):
-    """Random chunks fed with tree-like garbage on top in between: outputs stay exact."""
+@pytest.mark.parametrize("assignment", ["paper", "reversed"])
+def test_drafter_context_equals_one_shot_pass1(k, fusion, assignment):
+    """Random chunks fed with tree-like garbage on top in between: pass 1 stays exact."""
     d, v, L = 16, 30, 40
     torch.manual_seed(0)
-    cfg = FalconConfig(d, v, k=k, num_attention_heads=4, intermediate_size=24, fusion=fusion)
+    cfg = FalconConfig(d, v, k=k, num_attention_heads=4, intermediate_size=24, fusion=fusion,
+                       assignment=assignment)  # fmt: skip
     drafter, embed = FalconDrafter(cfg).eval(), torch.nn.Embedding(v, d)
     gen = torch.Generator().manual_seed(k)
     f, t = torch.randn(1, L, d, generator=gen), torch.randint(v, (1, L), generator=gen)
@@ -241,18 +275,68 @@ def test_drafter_context_equals_full_forward(k, fusion):
             n = min(int(torch.randint(1, 6, (), generator=gen)), L - fed)
             out = ctx.extend(f[:, fed : fed + n], t[:, fed : fed + n])
             fed += n
-            full = drafter(f[:, :fed], t[:, :fed], embed)
             if fed < k:
                 assert out is None
             else:
-                torch.testing.assert_close(out, full[:, fed - k :], atol=1e-5, rtol=0)
-            assert ctx.cache.length == fed
-            bias = torch.ones(1, 1, 2 * k, fed + 2 * k, dtype=torch.bool)
+                want = pass1_reference(drafter, embed, f, t, fed)
+                torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+            whole = k * (fed // k)
+            assert ctx.cache.length == whole + (k if fed % k and fed >= k else 0)
+            assert ctx.visible.shape == (ctx.cache.length,)
+            assert int(ctx.visible.sum()) == (fed if fed >= k else whole)
+            bias = torch.ones(1, 1, 2 * k, ctx.cache.length + 2 * k, dtype=torch.bool)
             drafter(f[:, : 2 * k], t[:, : 2 * k], embed, cache=ctx.cache, attn_bias=bias)
             ctx.truncate()
-            assert ctx.cache.length == k * (fed // k) == ctx.cached
+            assert ctx.cache.length == whole == ctx.cached
             if fusion == "lstm" and ctx.cached:
                 assert ctx.cache.lstm_length == ctx.cached
+
+
+def test_realigned_block_is_one_forward_over_the_decode_mask():
+    """Linear fusion: pass 1 at N mod k > 0 equals one cache-free forward over the positions
+    [0 .. A-1 ; N-k .. N-1] with the aligned mask on the first part and the realigned block
+    seeing keys < N-k and itself."""
+    d, v, k = 16, 30, 3
+    torch.manual_seed(1)
+    drafter = FalconDrafter(FalconConfig(d, v, k=k, num_attention_heads=4, intermediate_size=24))
+    drafter, embed = drafter.eval(), torch.nn.Embedding(v, d)
+    f, t = torch.randn(1, 20, d), torch.randint(v, (1, 20))
+    with torch.inference_mode():
+        for N in (7, 8, 13):
+            A = N // k * k
+            ctx = DrafterContext(drafter, embed)
+            out = ctx.extend(f[:, :N], t[:, :N])
+            idx = torch.cat([torch.arange(A), torch.arange(N - k, N)])
+            mask = torch.zeros(A + k, A + k, dtype=torch.bool)
+            mask[:A, :A] = block_causal_mask(A, k)
+            mask[A:, :A] = torch.arange(A) < N - k
+            mask[A:, A:] = True
+            full = drafter(f[:, idx], t[:, idx], embed, position_ids=idx.view(1, -1),
+                           attn_bias=mask[None, None])  # fmt: skip
+            torch.testing.assert_close(out, full[:, A:], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("assignment", ["paper", "reversed"])
+def test_depth1_draft_depends_on_the_root_pair_at_every_phase(k, assignment):
+    """The root t_N is read at position N-1 (paired with f_{N-1}); depth 1 must see it for every
+    N mod k, as in training, where the block's first slot sees its whole block."""
+    d, v = 16, 30
+    torch.manual_seed(k)
+    cfg = FalconConfig(d, v, k=k, num_attention_heads=4, intermediate_size=24,
+                       assignment=assignment)  # fmt: skip
+    drafter, embed = FalconDrafter(cfg).eval(), torch.nn.Embedding(v, d)
+    f, t = torch.randn(1, 3 * k + 1, d), torch.randint(v - 1, (1, 3 * k + 1))
+    with torch.inference_mode():
+        for N in range(k, 2 * k + 1):  # every N mod k
+            outs = []
+            for root in (t[0, N - 1], t[0, N - 1] + 1):
+                tokens = t[:, :N].clone()
+                tokens[0, N - 1] = root
+                ctx = DrafterContext(drafter, embed)
+                ctx.extend(f[:, : N - 1], tokens[:, : N - 1])  # then the root's pair alone
+                outs.append(ctx.extend(f[:, N - 1 : N], tokens[:, N - 1 : N]))
+            assert (outs[0][0, 0] - outs[1][0, 0]).abs().max() > 1e-4, (N, N % k)
 
 
 @pytest.mark.slow

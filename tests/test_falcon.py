@@ -107,6 +107,28 @@ def test_forward_dependencies_follow_the_block_mask(k):
         assert torch.equal(changed, allowed[:, p]), (k, p)
 
 
+@pytest.mark.parametrize("k", [2, 3])
+def test_reversed_assignment_reorders_each_block(k):
+    """Same weights: the reversed drafter's output j is the paper drafter's output at the
+    mirrored slot of j's block, so the last slot (the freshest pair) predicts offset 1; left
+    padding moves the blocks with the position ids."""
+    torch.manual_seed(0)
+    paper = _drafter(k=k)
+    cfg = dataclasses.replace(paper.cfg, assignment="reversed")
+    rev = FalconDrafter(cfg)
+    rev.load_state_dict(paper.state_dict())
+    T = 4 * k
+    f, t, embed = _inputs(B=1, T=T)
+    a, b = paper(f, t, embed), rev(f, t, embed)
+    for j in range(T):
+        q = j % k
+        torch.testing.assert_close(b[0, j], a[0, j + k - 1 - 2 * q])
+    pad = torch.ones(1, T + 1, dtype=torch.long)
+    pad[0, 0] = 0  # one left pad: blocks start at index 1
+    fp, tp = torch.cat([f[:, :1], f], 1), torch.cat([t[:, :1], t], 1)
+    torch.testing.assert_close(rev(fp, tp, embed, pad)[:, 1:], b, atol=1e-5, rtol=0)
+
+
 def test_lstm_is_batch_first_with_a_real_recurrence():
     m = _drafter(fusion="lstm", k=1)
     assert m.fusion.batch_first

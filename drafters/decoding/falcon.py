@@ -19,24 +19,28 @@ One step:
   verify: the tree's nodes (root + `tree.paths` order) in one target forward (`verify_tree`).
   Then the drafter cache drops the tree entries (`DrafterContext.truncate`).
 
-Exactness of pass 1. The drafter attends bidirectionally inside aligned blocks of k positions
-(position id // k), so a position already cached whose block was incomplete would have seen the
-rest of its block in a full forward. The cache therefore keeps whole blocks only: after a step
-it holds positions 0 .. k*floor(N/k) - 1, and the < k positions of the incomplete block are fed
-again with the next ones (at most k - 1 extra positions a step, never the whole prefix). Pass 1
-then equals the drafter's full forward over the committed sequence (a test checks it, LSTM
-fusion included: its recurrent state is kept at the cached length).
+Aligned blocks at every N (docs/design.md section 4). In training a block of k positions starts
+at a multiple of k and sees itself both ways and every earlier position; its slot q predicts
+depth q + 1 after the block. At decoding time the last k committed positions N-k .. N-1 must be
+such a block whatever N mod k = r, or depth 1 would come from a block that never saw the root
+pair. So the drafter cache keeps whole aligned blocks only, positions 0 .. A-1 with
+A = k * floor(N/k) (exact: a block never sees later blocks), and pass 1 is:
+- r = 0: the newly completed blocks fed on the cache; the last of them is N-k .. N-1.
+- r > 0: the newly completed blocks, then the *realigned block* N-k .. N-1 (the last k committed
+  pairs, k extra drafter positions) on top of the cache, seeing cached positions < N-k only and
+  itself both ways. Cached positions N-k .. A-1 stay hidden from it and from the tree passes
+  (`DrafterContext.visible`); the tree blocks then start at N with the training structure. What
+  still differs from training at r > 0: the cached positions A-k .. N-k-1 were computed with
+  their aligned block, which reaches into the realigned one (true pairs either way).
+A test checks pass 1 against one forward over [0 .. A-1 ; N-k .. N-1] with that mask, and that
+the depth-1 draft depends on the root pair at every r for k = 2, 3, 4. Each step then feeds the
+root and the accepted nodes once into the aligned cache, plus k realigned positions when r > 0.
 
-Where drafting departs from training (it changes what is drafted, never the output):
-- N not a multiple of k (r = N mod k > 0): block 0 mixes outputs of the last whole block
-  (depths 1..k-r, which do not see the last r committed pairs) and of the incomplete block
-  (depths k-r+1..k, whose positions in training would also see the rest of their block), and
-  tree blocks start at N, not at a multiple of k. With r = 0 every drafter position sees what
-  it saw in training. (The released code aligns blocks on each fed chunk instead, which makes
-  its cache inexact.) A training-aligned variant would put tree blocks on multiples of k, make
-  block 0 only k - r deep and re-feed the r tail pairs in each pass-2 block.
-- LSTM fusion: a tree block restarts the recurrence from the state after position N - 1 and
-  ignores its ancestor blocks (it still sees them through attention), see `FalconDrafter._fuse`.
+Where drafting still departs from training (it changes what is drafted, never the output):
+- r > 0: the cached positions of the aligned block around N-k, see above.
+- LSTM fusion: the realigned block restarts the recurrence from the exact state after N-k-1; a
+  tree block restarts it from the state after N-1 and ignores its ancestor blocks (it still
+  sees them through attention), see `FalconDrafter._fuse`.
 
 Draft vocabulary (docs/design.md section 10): the drafter ranks only its V_d ids; the nodes carry
 the target ids they stand for, and the target verifies them with its full head, so a token
@@ -67,10 +71,11 @@ from drafters.target import Target
 class DrafterContext:
     """The drafter's KV cache over the committed sequence, fed incrementally (pass 1).
 
-    Invariant between steps: the cache holds the whole blocks of k, positions 0 .. `cached` - 1,
-    `cached` = k * floor(fed / k); `pending` holds the inputs of positions `cached` .. `fed` - 1
-    (the incomplete block), fed again by the next `extend`; `recent` holds the outputs of up to
-    k positions before `cached` (they never change: a block does not see later blocks).
+    Invariant between steps: the cache holds the whole aligned blocks of k, positions
+    0 .. `cached` - 1, `cached` = k * floor(fed / k); `pending` holds the inputs of positions
+    `cached` .. `fed` - 1 (the incomplete block), fed with the next ones; `window` the inputs
+    of the last 2k fed positions. After `extend` the cache may also hold the realigned block,
+    and `visible` (cache.length,) says which cache entries the tree passes attend to.
     """
 
     def __init__(self, drafter: FalconDrafter, embed: nn.Embedding):
@@ -79,48 +84,97 @@ class DrafterContext:
         self.cache = drafter.new_cache()
         self.cached = self.fed = 0
         self.pending: tuple[torch.Tensor, torch.Tensor] | None = None  # (1, P, d), (1, P)
-        self.recent: torch.Tensor | None = None  # (1, <= k, d)
-        self._lstm_saved = None  # (state, length) at `cached`, while the cache runs past it
+        self.window: tuple[torch.Tensor, torch.Tensor] | None = None  # (1, <= 2k, d), (1, .)
+        self.visible: torch.Tensor | None = None  # (cache.length,) bool, set by `extend`
+        self._lstm_aligned = None  # (state, length) at `cached`, restored by `truncate`
+        self._lstm_last_block = None  # LSTM state after position cached - k - 1
 
     def extend(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor | None:
         """Feed new positions: features (1, n, d) true f_j, next_tokens (1, n) t_{j+1}.
 
-        Returns the outputs at positions fed-k .. fed-1 (1, k, d): guesses of the features of
-        the k positions after the last fed one. None while fewer than k positions were fed.
-        The cache then runs to `fed`; the tree passes go on top; `truncate` cuts it back.
+        Returns the outputs of the block N-k .. N-1 (1, k, d), N = `fed` after the call:
+        guesses of f_N .. f_{N+k-1}, i.e. depths 1..k below the root t_N. None while fewer than
+        k positions were fed. The tree passes go on top; `truncate` cuts the cache back.
         """
+        self.window = _append(self.window, features, next_tokens, 2 * self.k)
         if self.pending is not None:
-            features = torch.cat([self.pending[0], features], dim=1)
-            next_tokens = torch.cat([self.pending[1], next_tokens], dim=1)
+            features, next_tokens = _append(self.pending, features, next_tokens)
         start, end = self.cached, self.cached + features.shape[1]  # positions start .. end-1
-        whole = end // self.k * self.k - start  # inputs that complete blocks, to keep cached
-        tail = features.shape[1] - whole  # the incomplete block, < k inputs
-        outs = [] if self.recent is None else [self.recent]
-        if self.lstm and tail:
-            # the recurrent state at the block boundary is needed by `truncate`: two forwards
-            if whole:
-                outs.append(self._chain(features[:, :whole], next_tokens[:, :whole]))
-            self._lstm_saved = (self.cache.lstm_state, self.cache.lstm_length)
-            outs.append(self._chain(features[:, whole:], next_tokens[:, whole:]))
-        else:
-            outs.append(self._chain(features, next_tokens))
-        out = torch.cat(outs, dim=1)  # (1, L, d): positions end - L .. end - 1
-        self.recent = out[:, : out.shape[1] - tail][:, -self.k :]
+        whole = end // self.k * self.k - start  # inputs that complete blocks, kept cached
+        out = self._feed_blocks(features[:, :whole], next_tokens[:, :whole]) if whole else None
         self.pending = (features[:, whole:], next_tokens[:, whole:])
         self.cached, self.fed = start + whole, end
-        return out[:, -self.k :] if end >= self.k else None
+        self.visible = torch.ones(self.cached, dtype=torch.bool, device=features.device)
+        if end < self.k:
+            return None
+        if end == self.cached:  # r = 0: the last block fed is N-k .. N-1
+            return out[:, -self.k :]
+        return self._realigned_block()
 
-    def _chain(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
-        # default position ids (cache length + i) and the block-causal mask on them
-        return self.drafter(features, next_tokens, self.embed, cache=self.cache)
+    def _feed_blocks(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+        """Chain forward of whole blocks on the cache (default position ids, block-causal)."""
+        k, n = self.k, features.shape[1]
+        if not self.lstm:
+            return self.drafter(features, next_tokens, self.embed, cache=self.cache)
+        # LSTM: the state before the last block is kept for the realigned block's recurrence
+        outs = []
+        if n > k:
+            outs.append(self.drafter(features[:, :-k], next_tokens[:, :-k], self.embed,
+                                     cache=self.cache))  # fmt: skip
+        self._lstm_last_block = self.cache.lstm_state
+        outs.append(self.drafter(features[:, -k:], next_tokens[:, -k:], self.embed,
+                                 cache=self.cache))  # fmt: skip
+        self._lstm_aligned = (self.cache.lstm_state, self.cache.lstm_length)
+        return torch.cat(outs, dim=1)
+
+    def _realigned_block(self) -> torch.Tensor:
+        """r = N mod k > 0: positions N-k .. N-1 as one block over cached positions < N-k."""
+        k, N = self.k, self.fed
+        f, t = self.window[0][:, -k:], self.window[1][:, -k:]
+        length = self.cache.length
+        device = f.device
+        seen = torch.arange(length, device=device) < N - k
+        bias = torch.cat([seen.expand(k, length), seen.new_ones(k, k)], dim=1)
+        if self.lstm:  # the recurrence over 0 .. N-k-1, then over the block itself
+            r = N % k
+            head = (self.window[0][:, -k - r : -k], self.window[1][:, -k - r : -k])
+            self.cache.lstm_state = self.drafter.fusion_state(*head, self.embed,
+                                                             self._lstm_last_block)  # fmt: skip
+            after = self.drafter.fusion_state(f, t, self.embed, self.cache.lstm_state)
+        out = self.drafter(
+            f,
+            t,
+            self.embed,
+            position_ids=torch.arange(N - k, N, device=device).view(1, k),
+            cache=self.cache,
+            attn_bias=bias.view(1, 1, k, length + k),
+        )
+        if self.lstm:
+            self.cache.lstm_state = after  # tree blocks restart from the state after N-1
+        self.visible = torch.cat([seen, seen.new_ones(k)])
+        return out
 
     def truncate(self) -> None:
-        """Cut the cache back to the whole blocks of the committed sequence (drops the tree
-        entries and the incomplete block); LSTM: its recurrent state back to that length."""
+        """Cut the cache back to the whole blocks of the committed sequence (drops the realigned
+        block and the tree entries); LSTM: its recurrent state back to that length."""
         self.cache.crop(self.cached)
-        if self._lstm_saved is not None:
-            self.cache.lstm_state, self.cache.lstm_length = self._lstm_saved
-            self._lstm_saved = None
+        if self._lstm_aligned is not None:
+            self.cache.lstm_state, self.cache.lstm_length = self._lstm_aligned
+
+
+def _append(
+    old: tuple[torch.Tensor, torch.Tensor] | None,
+    features: torch.Tensor,
+    next_tokens: torch.Tensor,
+    keep: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """old inputs + new ones along time, the last `keep` positions only when given."""
+    if old is not None:
+        features = torch.cat([old[0], features], dim=1)
+        next_tokens = torch.cat([old[1], next_tokens], dim=1)
+    if keep is not None:
+        features, next_tokens = features[:, -keep:], next_tokens[:, -keep:]
+    return features, next_tokens
 
 
 def draft_tree(
@@ -139,9 +193,9 @@ def draft_tree(
     for b, block in enumerate(plan.blocks):
         if b:  # pass b + 1: one block of k positions per anchor
             e = block.anchors.numel()
-            past = ctx.cache.length  # committed (ctx.fed) + earlier tree passes
+            past = ctx.cache.length  # committed (ctx.visible) + earlier tree passes
             bias = torch.cat(
-                [block.attend.new_ones(e * k, ctx.fed), block.attend], dim=1
+                [ctx.visible.expand(e * k, -1), block.attend], dim=1
             )  # (E*k, past + E*k) bool, True = attend
             positions = ctx.fed + (b - 1) * k + torch.arange(k, device=device).repeat(e)
             out = ctx.drafter(

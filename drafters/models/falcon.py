@@ -21,6 +21,14 @@ tokens before the position), so a left-padded row gets the blocks of the same ro
 The target's embedding and LM head are arguments, never submodules; with a draft vocabulary
 (`draft_vocab_size`) the outputs are scored against its rows of the LM head only
 (`scoring_head`).
+
+In-block assignment (`assignment`, docs/design.md section 4). "paper": slot q of a block (q = 0
+.. k-1) predicts offset q + 1 after the block's last known token, i.e. output j approximates
+f_{j+k}. Depth 1 then comes from the first slot, which reaches the freshest pair (the last
+slot's) only by attending forward inside its block. "reversed": slot q predicts offset k - q, so
+the last slot, holding the freshest pair, predicts depth 1. The forward returns its outputs in
+offset order either way (output j always stands for f_{j+k}), so losses and decoders never see
+the assignment: reversed reorders each block's outputs, `slots` telling where the blocks are.
 """
 
 from __future__ import annotations
@@ -35,7 +43,13 @@ from drafters.models.kv_cache import FalconKVCache
 from drafters.models.llama import DecoderLayer, layer_num_params, rope_cos_sin
 from drafters.models.vocab import DraftVocab, output_head
 
-__all__ = ["FalconConfig", "FalconDrafter", "FalconKVCache", "block_causal_mask"]
+__all__ = [
+    "FalconConfig",
+    "FalconDrafter",
+    "FalconKVCache",
+    "block_causal_mask",
+    "reverse_in_blocks",
+]
 
 
 @dataclass(frozen=True)
@@ -52,10 +66,13 @@ class FalconConfig:
     rms_norm_eps: float = 1e-6
     fusion: str = "linear"  # "linear" (EAGLE) or "lstm" (paper's figure, batch_first)
     draft_vocab_size: int | None = None  # V_d: score only these target ids (models/vocab.py)
+    assignment: str = "paper"  # in-block slot -> offset: "paper" (q -> q+1) or "reversed"
 
     def __post_init__(self):
         if self.fusion not in ("linear", "lstm"):
             raise ValueError(f"fusion must be 'linear' or 'lstm', not {self.fusion!r}")
+        if self.assignment not in ("paper", "reversed"):
+            raise ValueError(f"assignment must be 'paper' or 'reversed', not {self.assignment!r}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, not {self.k}")
         if self.num_key_value_heads is None:
@@ -124,6 +141,19 @@ def block_causal_mask(
     return kv.unsqueeze(0) <= q.unsqueeze(1)
 
 
+def reverse_in_blocks(x: torch.Tensor, k: int, slots: torch.Tensor | None) -> torch.Tensor:
+    """Reorder outputs (B, T, d) inside blocks of k: y[j] = x[j + k - 1 - 2 * slot_j], so the
+    block's last slot lands on offset 1. slots (B|1, T) in 0 .. k-1; None: consecutive chunks of
+    k from position 0. A block cut by the sequence's end reads clamped positions: its outputs
+    have no labels inside the sequence (position j is trained on t_{j+k+1})."""
+    B, T, _ = x.shape
+    if slots is None:
+        slots = (torch.arange(T, device=x.device) % k).unsqueeze(0)
+    j = torch.arange(T, device=x.device).unsqueeze(0)
+    src = (j + k - 1 - 2 * slots.to(x.device)).clamp(0, T - 1).expand(B, T)
+    return x.gather(1, src.unsqueeze(-1).expand_as(x))
+
+
 def _position_ids(attention_mask, B: int, T: int, past: int, device) -> torch.Tensor:
     if attention_mask is None:
         return (past + torch.arange(T, device=device)).expand(B, T)
@@ -171,6 +201,7 @@ class FalconDrafter(nn.Module):
         position_ids: torch.Tensor | None = None,
         cache: FalconKVCache | None = None,
         attn_bias: torch.Tensor | None = None,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Predicted features (B, T, d): output j approximates f_{j+k}; logits = lm_head(out).
 
@@ -182,6 +213,9 @@ class FalconDrafter(nn.Module):
             see every cached position plus the block-causal pattern among themselves.
         attn_bias (B|1, 1, T, past_len + T): bool (True = attend) or additive float; replaces
             the block-causal and padding masks entirely (the decoder's tree masks).
+        slots (B|1, T): each position's slot 0 .. k-1 in its block, read by the reversed
+            assignment only; default position_ids % k, or (with attn_bias) consecutive chunks of
+            k new positions.
         """
         B, T, _ = features.shape
         past = cache.length if cache is not None else 0
@@ -197,7 +231,24 @@ class FalconDrafter(nn.Module):
         cos, sin = rope_cos_sin(position_ids, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, i)
+        if self.cfg.assignment == "reversed" and self.k > 1:
+            if slots is None:
+                slots = position_ids % self.k if attn_bias is None else None
+            x = reverse_in_blocks(x, self.k, slots)
         return x
+
+    def fusion_state(
+        self,
+        features: torch.Tensor,
+        next_tokens: torch.Tensor,
+        embed: nn.Embedding,
+        state: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """LSTM fusion only: its (h, c) after reading these inputs (1, n, .) from `state`
+        (no attention runs), for the decoder's realigned block (decoding/falcon.py)."""
+        dtype = next(self.fusion.parameters()).dtype
+        x = torch.cat([features, embed(next_tokens).to(features.dtype)], dim=-1).to(dtype)
+        return self.fusion(x, state)[1]
 
     def _block_mask(self, position_ids, attention_mask, past: int) -> torch.Tensor:
         """(B, 1, T, past + T) bool: cache visible, blocks of k on position ids, padded keys
