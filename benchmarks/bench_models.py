@@ -60,7 +60,14 @@ def drafters(s: dict) -> dict:
             [FalconConfig(d, V, 2, fusion="lstm", **falcon)],
             "tf",
         ),
-        "Falcon (k=2, linear), CSGD (2 passes)": ([FalconConfig(d, V, 2, **falcon)], "csgd"),
+        "Falcon (k=2, linear), CSGD as decoded (TF + own-block pass)": (
+            [FalconConfig(d, V, 2, **falcon)],
+            "csgd",
+        ),
+        "Falcon (k=2, linear), CSGD paper (2 passes)": (
+            [FalconConfig(d, V, 2, **falcon)],
+            "csgd-paper",
+        ),
     }
 
 
@@ -110,6 +117,7 @@ def time_step(cfgs, mode: str, s: dict, B: int, T: int, iters: int) -> float:
                 k=2,
                 lam=0.4,
                 teacher_forcing_only=mode == "tf",
+                variant="paper" if mode == "csgd-paper" else "decode",
                 generator=g,
                 noise=0.1,
             )

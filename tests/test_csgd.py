@@ -5,7 +5,9 @@ import torch
 from torch import nn
 
 from drafters.losses import choose_glance, csgd_lambda, csgd_step, falcon_loss, pass2_inputs
+from drafters.losses.falcon import falcon_valid
 from drafters.losses.labels import shift_left
+from drafters.losses.own_blocks import depth_accuracy, depth_counts, own_block_bias
 from drafters.models import FalconConfig, FalconDrafter
 
 D, V = 16, 24
@@ -118,12 +120,15 @@ def _batch(lengths, T, seed=0):
     )
 
 
-@pytest.mark.parametrize("tf", [True, False])
-@pytest.mark.parametrize("fusion", ["linear", "lstm"])
-def test_batch_of_1_equals_batch_of_4_per_sequence(tf, fusion):
+@pytest.mark.parametrize(
+    "tf, fusion, variant",
+    [(True, "linear", "decode"), (True, "lstm", "decode"), (False, "linear", "decode")]
+    + [(False, "linear", "paper"), (False, "lstm", "paper")],
+)
+def test_batch_of_1_equals_batch_of_4_per_sequence(tf, fusion, variant):
     lengths, T = [13, 8, 16, 6], 16
     drafter, b4 = _drafter(fusion=fusion), _batch(lengths, T)
-    kw = dict(k=2, lam=0.0, teacher_forcing_only=tf, per_sequence=True)
+    kw = dict(k=2, lam=0.0, teacher_forcing_only=tf, per_sequence=True, variant=variant)
     batch, _ = csgd_step(drafter, **b4, **kw)
     for b, n in enumerate(lengths):
         one = {
@@ -134,11 +139,11 @@ def test_batch_of_1_equals_batch_of_4_per_sequence(tf, fusion):
         torch.testing.assert_close(batch[b : b + 1], loss)
 
 
-@pytest.mark.parametrize("tf", [True, False])
-def test_padding_never_leaks_into_loss_or_glancing(tf):
+@pytest.mark.parametrize("tf, variant", [(True, "decode"), (False, "decode"), (False, "paper")])
+def test_padding_never_leaks_into_loss_or_glancing(tf, variant):
     lengths, T = [16, 9], 16
     drafter, b = _drafter(), _batch(lengths, T)
-    kw = dict(k=2, lam=0.5, teacher_forcing_only=tf, noise=0.1)
+    kw = dict(k=2, lam=0.5, teacher_forcing_only=tf, noise=0.1, variant=variant)
     loss, m = csgd_step(drafter, **b, **kw, generator=torch.Generator().manual_seed(0))
     b["features"][1, 9:] = 50.0
     b["input_ids"][1, 9:] = 5
@@ -160,7 +165,7 @@ class Spy(nn.Module):
 
 @pytest.mark.parametrize("k", [1, 2, 3])
 @pytest.mark.parametrize("loss_on_glanced", [True, False])
-def test_csgd_step_wiring(loss_on_glanced, k):
+def test_paper_variant_wiring(loss_on_glanced, k):
     lam = 0.6
     spy, b = Spy(_drafter(k=k)), _batch([16, 12], 16)
     loss, m = csgd_step(
@@ -168,6 +173,7 @@ def test_csgd_step_wiring(loss_on_glanced, k):
         **b,
         k=k,
         lam=lam,
+        variant="paper",
         loss_on_glanced=loss_on_glanced,
         generator=torch.Generator().manual_seed(0),
     )
@@ -201,3 +207,106 @@ def test_teacher_forcing_only_is_falcon_loss_on_true_inputs():
     )
     torch.testing.assert_close(loss, ref)
     assert m["glance_ratio"].item() == 0.0 and "acc_pos3" in m
+
+
+def test_own_block_bias_patterns():
+    """k = 2, T = 6, no padding: the patterns of own_blocks.py's docstring, and copy 3."""
+    pos = torch.arange(6).view(1, 6)
+    b2 = own_block_bias(pos, None, 2, 2)[0, 0].int()
+    true_part = [[1, 1, 0, 0, 0, 0]] * 2 + [[1, 1, 1, 1, 0, 0]] * 2
+    own_part = [[0, 0, 1, 1, 0, 0]] * 2 + [[0, 0, 0, 0, 1, 1]] * 2
+    assert b2[2:, :6].tolist() == true_part and b2[2:, 6:].tolist() == own_part
+    assert b2[:2, :6].sum() == 0 and b2[:2, 6:].tolist() == [[1, 1, 0, 0, 0, 0]] * 2
+    b3 = own_block_bias(pos, None, 2, 3)[0, 0].int()  # chain root = own block - 1
+    row4 = b3[4].tolist()  # block 2 of copy 3: root block 1
+    assert row4[:6] == [1, 1, 0, 0, 0, 0]  # true keys before the root block
+    assert row4[6:12] == [0, 0, 1, 1, 0, 0] and row4[12:] == [0, 0, 0, 0, 1, 1]
+    attn = torch.ones(1, 6, dtype=torch.long)
+    attn[0, :2] = 0  # left padding hides keys; the diagonal stays open
+    padded = own_block_bias(pos, attn, 2, 2)[0, 0]
+    assert not padded[:, :2].any() and padded[0, 6] and padded[1, 7]
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_decode_variant_equals_a_forward_per_block(k):
+    """Pass 2 of the decode variant, at lam = 0, is for every block beta the drafter's plain
+    forward over [true pairs of blocks < beta ; own pairs of block beta]; the loss is the
+    teacher-forced loss plus pass 2's over its candidates."""
+    T = 5 * k + 1
+    drafter, b = _drafter(k=k), _batch([T, T - k - 1], T)
+    drafter.eval()
+    loss, m = csgd_step(drafter, **b, k=k, lam=0.0, variant="decode")
+    ids, f, lm, embed, attn = (b[x] for x in ("input_ids", "features", "lm_head", "embed",
+                                              "attention_mask"))  # fmt: skip
+    nxt = shift_left(ids, 1)
+    pred1 = drafter(f, nxt, embed, attn)
+    tok1 = lm(pred1).argmax(-1)
+    valid = falcon_valid(b["loss_mask"], k)
+    cand = torch.zeros_like(valid)
+    cand[:, k:] = valid[:, :-k]
+    pred2 = torch.zeros_like(pred1)
+    for row in range(2):
+        for beta in range(1, T // k + 1):
+            s, e = beta * k, min(beta * k + k, T)
+            own_f = torch.where(cand[row, s:e, None], pred1[row, s - k : e - k], f[row, s:e])
+            own_t = torch.where(cand[row, s:e], tok1[row, s - k : e - k], nxt[row, s:e])
+            x = torch.cat([f[row, :s], own_f])[None]
+            t = torch.cat([nxt[row, :s], own_t])[None]
+            pred2[row, s:e] = drafter(x, t, embed)[0, s:]
+    tf, _ = falcon_loss(pred1, f, lm, None, ids, b["loss_mask"], k)
+    p2, _ = falcon_loss(pred2, f, lm, None, ids, b["loss_mask"], k, include=cand)
+    torch.testing.assert_close(loss, tf + p2, atol=1e-5, rtol=1e-5)
+    assert {f"acc_depth{d}" for d in range(1, 2 * k + 1)} <= set(m)
+    assert {f"acc_pass2_pos{p}" for p in range(1, k + 1)} <= set(m)
+
+
+def test_depth_counts_equal_a_loop_over_roots():
+    k, B, T, P = 2, 3, 17, 3
+    g = torch.Generator().manual_seed(0)
+    ranks = [torch.randint(0, 3, (B, T), generator=g) * (torch.rand(B, T, generator=g) < 0.5)
+             for _ in range(P)]  # fmt: skip
+    defined = [torch.rand(B, T, generator=g) < 0.9 for _ in range(P)]
+    pos = torch.arange(T).expand(B, T)
+    counts, totals = depth_counts(ranks, defined, pos, k, topk=3)
+    want_c, want_t = torch.zeros(P * k, 3, dtype=torch.long), torch.zeros(P * k, dtype=torch.long)
+    for b in range(B):
+        for N in range(0, T, k):
+            for d in range(1, P * k + 1):
+                chain = [(c, N - k + e - 1) for e in range(1, d + 1) for c in [(e - 1) // k]]
+                if any(j < 0 or j >= T or not defined[c][b, j] for c, j in chain):
+                    break
+                if any(ranks[c][b, j] != 0 for c, j in chain[:-1]):
+                    break
+                want_t[d - 1] += 1
+                c, j = chain[-1]
+                want_c[d - 1, ranks[c][b, j]] += 1
+    assert torch.equal(totals, want_t) and torch.equal(counts, want_c)
+    acc = depth_accuracy(counts, totals)
+    assert math.isclose(acc["acc_depth1"].item(), (want_c[0, 0] / want_t[0]).item(), rel_tol=1e-6)
+
+
+def test_decode_variant_deeper_passes_and_refusals():
+    k = 2
+    drafter, b = _drafter(k=k), _batch([16, 12], 16)
+    loss, m = csgd_step(drafter, **b, k=k, lam=0.4, variant="decode", passes=3,
+                        generator=torch.Generator().manual_seed(0))  # fmt: skip
+    loss.backward()
+    assert torch.isfinite(loss) and drafter.fusion.weight.grad.abs().sum() > 0
+    assert {f"acc_depth{d}" for d in range(1, 7)} <= set(m) and "loss_pass3" in m
+    with pytest.raises(ValueError, match="fusion=linear"):
+        csgd_step(_drafter(fusion="lstm"), **b, k=k, lam=0.0, variant="decode")
+    with pytest.raises(ValueError, match="csgd.variant"):
+        csgd_step(drafter, **b, k=k, lam=0.0, variant="glat")
+
+
+def test_falcon_chain_rates_extend_the_last_measured_pass():
+    from drafters.training.module import FALCON_DECODE_PASSES, accept_len_estimate
+    from drafters.training.module import falcon_chain_rates as rates
+
+    m = {f"val/acc_depth{d}": 1.0 - 0.1 * d for d in range(1, 5)}  # k = 2, passes = 2
+    acc = rates(m, 2, 2)
+    assert len(acc) == 2 * FALCON_DECODE_PASSES and acc[:4] == [0.9, 0.8, 0.7, 0.6]
+    assert acc[4:] == [0.7, 0.6] * (FALCON_DECODE_PASSES - 2)
+    lstm = {"val/acc_pos1": 0.9, "val/acc_pos2": 0.8, "val/acc_pass2_pos1": 0.5}
+    assert rates(lstm, 2, 2)[:4] == [0.9, 0.8, 0.5, 0.0]
+    assert accept_len_estimate(rates(m, 2, 2)) > accept_len_estimate(rates(lstm, 2, 2))

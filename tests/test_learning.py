@@ -23,6 +23,8 @@ def greedy_batch(tiny):
     [
         ("falcon", {"csgd": {"teacher_forcing_only": True}}, "acc_pos1", 0.8),
         ("falcon", {"csgd": {"lambda_start": 0.4}}, "acc_pass2_pos1", 0.8),
+        ("falcon", {"csgd": {"lambda_start": 0.4}}, "acc_depth3", 0.8),
+        ("falcon", {"csgd": {"variant": "paper"}}, "acc_pass2_pos1", 0.8),
         ("medusa", {}, "acc_head0", 0.5),  # one ResBlock per head: less capacity
         ("cerberus", {"gate": "learned"}, "acc_head1", 0.8),
     ],

@@ -6,9 +6,11 @@
 Per drafter:
 1. Top-k accuracy per depth on the held-out conversations of the distilled corpus (the training
    runs' validation split, from the offline feature cache): heads, P(head i's rank-r token is
-   right); Falcon, P(the rank-r token at offset p is right) from the teacher-forced pass, used for
-   every pass (depth d reads offset (d - 1) mod k + 1; later passes are weaker in truth, and the
-   speed sweep below is what picks the size).
+   right); Falcon, P(the rank-r token at depth d is right | the top-1 drafts above it are right)
+   measured as decoded (`losses/own_blocks.py`): depths 1..k from the teacher-forced pass at
+   blocks aligned on the root, depths k+1..2k from an own-block pass reading the drafter's own
+   pairs over true context; deeper passes repeat the second one's rows. (LSTM fusion: depths
+   1..k only, repeated for every pass.)
 2. Candidate trees: the greedy best tree of each size in --sizes from those accuracies
    (`build_tree`, `build_falcon_tree` with one anchor per pass).
 3. Speed sweep on the first user turns of ShareGPT's validation split (by conversation id, never
@@ -60,52 +62,89 @@ def _rank_of(logits: torch.Tensor, labels: torch.Tensor, vocab=None) -> torch.Te
     return rank.masked_fill(col < 0, logits.shape[-1])
 
 
+def _ranks_at(pred, rows, labels, head, vocab, topk: int):
+    """(ranks, drafts) (B, T): the label's rank in head(pred) and the top-1 draft (target id) at
+    `rows`; elsewhere topk (never counted) and -1."""
+    from drafters.models.vocab import to_target
+
+    b, j = rows.nonzero(as_tuple=True)
+    logits = head(pred[b, j]).float()
+    ranks = torch.full_like(labels, topk)
+    ranks[b, j] = _rank_of(logits, labels[b, j], vocab)
+    drafts = torch.full_like(labels, -1)
+    drafts[b, j] = to_target(vocab, logits.argmax(-1))
+    return ranks, drafts
+
+
 @torch.no_grad()
-def topk_accuracy(drafter, target, batches: list[dict], topk: int) -> tuple[list[list[float]], int]:
-    """(rows, positions): rows[d][r] = P(rank-r guess right) per head (heads) or per block offset
-    (Falcon, teacher-forced), over held-out positions whose label is a generated token."""
-    from drafters.losses.falcon import block_offset, falcon_valid
-    from drafters.losses.heads import head_labels
+def falcon_depth_counts(model, target, batch: dict, topk: int):
+    """(counts (D, topk), totals (D,)) of one held-out batch, D = 2k (k for LSTM fusion): the
+    teacher-forced pass, then (linear fusion) one own-block pass, as decoded."""
+    from drafters.losses.csgd import own_pass
+    from drafters.losses.falcon import falcon_valid
     from drafters.losses.labels import default_position_ids, shift_left
+    from drafters.losses.own_blocks import depth_counts
+
+    k, embed = model.cfg.k, target.embed_tokens
+    f = batch["features"].to(next(model.parameters()).dtype)
+    ids, lmask, attn = batch["input_ids"], batch["loss_mask"], batch["attention_mask"]
+    pos, nxt = default_position_ids(attn, ids), shift_left(ids, 1)
+    valid, labels = falcon_valid(lmask, k), shift_left(ids, k + 1)
+    head = model.scoring_head(target.lm_head)
+    decode = model.cfg.fusion == "linear"
+    cache = model.new_cache() if decode else None
+    pred = model(f, nxt, embed, attn, pos, cache=cache)
+    ranks, drafts = _ranks_at(pred, valid, labels, head, model.vocab, topk)
+    per_copy, defined = [ranks], [valid]
+    if decode:
+        pred2, cand, _, _ = own_pass(model, cache, 2, pred, drafts, valid, f, nxt, embed, attn,
+                                     pos, k)  # fmt: skip
+        rows = cand & valid
+        per_copy.append(_ranks_at(pred2, rows, labels, head, model.vocab, topk)[0])
+        defined.append(rows)
+    return depth_counts(per_copy, defined, pos, k, topk)
+
+
+@torch.no_grad()
+def topk_accuracy(
+    drafter, target, batches: list[dict], topk: int
+) -> tuple[list[list[float]], list[int]]:
+    """(rows, totals): rows[d][r] = P(rank-r guess right) per head (heads) or per depth given
+    the top-1 drafts above it right (Falcon, as decoded: `falcon_depth_counts`), over held-out
+    positions whose label is a generated token; totals[d]: the positions behind row d (Falcon:
+    the roots whose chain reached depth d, so deep rows of a weak drafter may have none)."""
+    from drafters.losses.heads import head_labels
 
     model = drafter.model.eval()
     dtype = next(model.parameters()).dtype
     counts, totals = None, None
     for b in batches:
-        f = b["features"].to(dtype)
-        ids, lmask, attn = b["input_ids"], b["loss_mask"], b["attention_mask"]
         if drafter.kind == "falcon":
-            k = model.cfg.k
-            pos = default_position_ids(attn, ids)
-            pred = model(f, shift_left(ids, 1), target.embed_tokens, attn, pos)
-            bi, j = falcon_valid(lmask, k).nonzero(as_tuple=True)
-            head = model.scoring_head(target.lm_head)
-            rank = _rank_of(head(pred[bi, j]).float(), ids[bi, j + k + 1], model.vocab)
-            row = block_offset(pos, k)[bi, j] - 1
-            rows = k
+            c, t = falcon_depth_counts(model, target, b, topk)
         else:
+            f = b["features"].to(dtype)
             logits = model(f, target.lm_head)  # (B, T, K, V)
-            labels, valid = head_labels(ids, lmask, logits.shape[2])
-            bi, t, i = valid.nonzero(as_tuple=True)
-            rank = _rank_of(logits[bi, t, i].float(), labels[bi, t, i], model.vocab)
-            row, rows = i, logits.shape[2]
-        if counts is None:
-            counts = torch.zeros(rows, topk, dtype=torch.long)
-            totals = torch.zeros(rows, dtype=torch.long)
-        keep = rank < topk
-        counts.index_put_((row[keep], rank[keep]), torch.ones_like(rank[keep]), accumulate=True)
-        totals += torch.bincount(row, minlength=rows)
+            labels, valid = head_labels(b["input_ids"], b["loss_mask"], logits.shape[2])
+            bi, tt, i = valid.nonzero(as_tuple=True)
+            rank = _rank_of(logits[bi, tt, i].float(), labels[bi, tt, i], model.vocab)
+            rows = logits.shape[2]
+            keep = rank < topk
+            c = torch.zeros(rows, topk, dtype=torch.long)
+            c.index_put_((i[keep], rank[keep]), torch.ones_like(rank[keep]), accumulate=True)
+            t = torch.bincount(i, minlength=rows)
+        counts = c if counts is None else counts + c
+        totals = t if totals is None else totals + t
     acc = counts.double() / totals.clamp(min=1).unsqueeze(-1).double()
-    return acc.tolist(), int(totals.min())
+    return acc.tolist(), totals.tolist()
 
 
 def tree_input(drafter, acc: list[list[float]], num_nodes: int) -> dict:
     """The `drafters-export --tree` JSON that builds this drafter's tree of num_nodes from acc."""
     if drafter.kind == "falcon":
         k = drafter.model.cfg.k
-        depth = 3 * k  # three passes at most; the per-offset rows repeat for every pass
-        return {"topk_acc": [acc[d % k] for d in range(depth)], "num_nodes": num_nodes,
-                "max_anchors": 1}  # fmt: skip
+        depth = 3 * k  # three passes at most; the last measured pass's rows repeat deeper
+        rows = [acc[d] if d < len(acc) else acc[len(acc) - k + d % k] for d in range(depth)]
+        return {"topk_acc": rows, "num_nodes": num_nodes, "max_anchors": 1}
     return {"topk_acc": acc, "num_nodes": num_nodes}
 
 
@@ -185,9 +224,10 @@ def tune_drafter(args, target, folder: str, prompts: list[dict], batches: list[d
     from drafters.export import load_drafter
 
     drafter = load_drafter(folder, target)
-    acc, positions = topk_accuracy(drafter, target, batches, args.topk)
+    acc, totals = topk_accuracy(drafter, target, batches, args.topk)
+    positions = totals[0] if drafter.kind == "falcon" else min(totals)  # roots / head positions
     print(f"[tune] {drafter.name}: top-1 accuracy per depth "
-          f"{[round(r[0], 3) for r in acc]} over >= {positions} held-out positions",
+          f"{[round(r[0], 3) for r in acc]} over {positions} held-out roots or positions",
           file=sys.stderr)  # fmt: skip
     specs = {f"tree{n}": tree_input(drafter, acc, n) for n in args.sizes}
     trees = {name: build(drafter, spec) for name, spec in specs.items()}
@@ -198,7 +238,8 @@ def tune_drafter(args, target, folder: str, prompts: list[dict], batches: list[d
     for name, t in trees.items():
         stats[name].update(nodes=len(t), depth=t.depth)
     result = {"drafter": str(folder), "name": drafter.name, "kind": drafter.kind,
-              "topk_acc": acc, "heldout_positions": positions, "sweep": stats,
+              "topk_acc": acc, "heldout_positions": positions, "row_totals": totals,
+              "sweep": stats,
               "chosen": best, "chosen_tree": trees[best].to_list()}  # fmt: skip
     out = Path(args.out)
     (out / f"{drafter.name}.tree.json").write_text(json.dumps(specs[best]))

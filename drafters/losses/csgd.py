@@ -1,7 +1,22 @@
 """Coupled Sequential Glancing Distillation (docs/design.md section 4), batched, any padding.
 
 At decoding time only the first drafter pass reads true target pairs; later passes read the
-drafter's own predicted (feature, token) pairs. CSGD trains on such inputs:
+drafter's own predicted (feature, token) pairs. CSGD trains on such inputs, in two variants.
+
+variant="decode" (default): trained the way it is decoded (`own_blocks.py`).
+  loss = teacher-forced loss (pass 1, true inputs, with gradient)
+       + sum over passes c = 2 .. `passes` of the pass-c loss,
+  where pass c is one forward over a copy of the sequence on the drafter's KV cache: the
+  drafter's own pairs only in the block being predicted and its ancestor blocks, attending to
+  the true keys of every earlier position, as EAGLE-3's training-time test and HASS do. The
+  glancing below applies to those own blocks (pass c's Hamming distance counts pass c-1's
+  wrong drafts), and pass c's loss covers its candidate positions (glanced ones included unless
+  loss_on_glanced=False). Linear fusion only (an LSTM would need its state at every block).
+  Metrics: `acc_depth{d}` for d = 1 .. k * passes, the decode-faithful chain rates (see
+  `own_blocks.depth_counts`), and `acc_pass{c}[_pos{p}]` on pass-c positions with own inputs.
+
+variant="paper" (the paper's text, kept for the ablation): pass 1 without gradient, then pass 2
+on the whole sequence of own pairs, as follows.
 
 1. Pass 1, no gradient, true inputs (f_j, t_{j+1}) (+ noise): output j predicts f_{j+k} and
    t_{j+k+1}. It therefore provides the *own pair* of input position m = j + k:
@@ -44,7 +59,10 @@ from drafters.losses.falcon import (
     falcon_valid,
 )
 from drafters.losses.labels import default_position_ids, shift_left
+from drafters.losses.own_blocks import depth_accuracy, depth_counts, own_block_bias
 from drafters.models.vocab import DraftVocab, to_target
+
+VARIANTS = ("decode", "paper")
 
 
 def csgd_lambda(progress: float, start: float = 0.4, end: float = 0.0) -> float:
@@ -138,16 +156,23 @@ def csgd_step(
     per_sequence: bool = False,
     vocab: DraftVocab | None = None,
     accuracy: bool = True,
+    variant: str = "decode",
+    passes: int = 2,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One Falcon training loss on a batch: features (B, T, d) true f, input_ids,
     attention_mask, loss_mask (B, T). `noise`: half-width of the uniform noise added to true
     input features (targets stay clean). lm_head: the drafter's scoring head; with `vocab` (the
     draft vocabulary) its V_d rows, and pass 1's argmax is mapped back to target ids.
     accuracy=False: no accuracy metrics (pass 1's argmax is still taken: pass 2 reads it).
+    variant: "decode" or "paper" (module docstring); passes: drafter passes trained by the
+    decode variant (2 = the teacher-forced pass and one own-block pass).
     Returns (loss, metrics) with the keys of
-    `falcon_loss` (pass 2; acc_pos{p} always from the teacher-forced pass) plus
-    acc_pass2[_pos{p}] (pass-2 positions whose input is the drafter's own pair), hamming (mean d
-    per sequence), hamming_rate (sum d / valid positions), glance_ratio (sum N / sum d)."""
+    `falcon_loss` (decode: of the teacher-forced pass; paper: of pass 2, acc_pos{p} from the
+    teacher-forced pass) plus acc_pass2[_pos{p}] (pass-2 positions whose input is the
+    drafter's own pair), hamming (mean d per sequence), hamming_rate (sum d / valid positions),
+    glance_ratio (sum N / sum d); decode also acc_depth{d}, acc_pass{c}[_pos{p}], loss_pass{c}."""
+    if variant not in VARIANTS:
+        raise ValueError(f"csgd.variant={variant!r}: use one of {VARIANTS}")
     pos = default_position_ids(attention_mask, input_ids)  # same as the drafter's default
     nxt = shift_left(input_ids, 1)  # t_{j+1} at position j
     x1 = add_feature_noise(features, noise, generator=generator)
@@ -164,6 +189,11 @@ def csgd_step(
             m["hamming_rate"] = 1 - m["acc"]
         m["glance_ratio"] = torch.zeros(())
         return loss, m
+    if variant == "decode":
+        return _decode_step(
+            drafter, x1, nxt, features, input_ids, attention_mask, loss_mask, embed, lm_head,
+            k, lam, passes, loss_on_glanced, generator, target_logits, pos, common,
+        )  # fmt: skip
 
     with torch.no_grad():  # pass 1
         pred1 = drafter(x1, nxt, embed, attention_mask, pos)
@@ -193,3 +223,87 @@ def csgd_step(
     m["hamming_rate"] = d.float() / n_valid
     m["glance_ratio"] = n.float() / d.clamp(min=1)
     return loss, {name: v.detach().float() for name, v in m.items()}
+
+
+def _decode_step(
+    drafter, x1, nxt, features, input_ids, attention_mask, loss_mask, embed, lm_head,
+    k, lam, passes, loss_on_glanced, generator, target_logits, pos, common,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    """variant="decode" (module docstring): the teacher-forced pass, then own-block passes."""
+    if getattr(drafter.cfg, "fusion", "linear") != "linear":
+        raise ValueError(
+            "csgd.variant=decode needs drafter.model.fusion=linear (an LSTM fusion would need its "
+            "recurrent state at every block); use csgd.variant=paper with fusion=lstm"
+        )
+    if passes < 2:
+        raise ValueError(f"csgd.passes={passes}: the decode variant trains at least 2 passes")
+    accuracy = common["accuracy"]
+    valid = falcon_valid(loss_mask, k)
+    labels = shift_left(input_ids, k + 1)  # t_{j+k+1} at position j
+    cache = drafter.new_cache()
+    pred = drafter(x1, nxt, embed, attention_mask, pos, cache=cache)  # pass 1: true inputs
+    loss, m, drafts = falcon_loss(
+        pred, features, lm_head, target_logits, input_ids, loss_mask, k, return_drafts=True,
+        **common,
+    )  # fmt: skip
+    ranks, defined = [(drafts != labels).long()], [valid]
+    included = valid
+    for c in range(2, passes + 1):
+        wrong = included & (drafts != labels)
+        hamming = wrong.sum(-1)
+        pred, cand, own, n = own_pass(
+            drafter, cache, c, pred, drafts, included, x1, nxt, embed, attention_mask, pos, k,
+            lam * hamming.double(), generator,
+        )  # fmt: skip
+        included = cand & valid & (own | loss_on_glanced)
+        loss_c, m_c, drafts = falcon_loss(
+            pred, features, lm_head, target_logits, input_ids, loss_mask, k,
+            include=included, metric_mask=own, tag=f"_pass{c}", return_drafts=True, **common,
+        )  # fmt: skip
+        loss = loss + loss_c
+        m[f"loss_pass{c}"] = loss_c.detach().float().mean()
+        m.update({name: v for name, v in m_c.items() if name.startswith(f"acc_pass{c}")})
+        ranks.append((drafts != labels).long())
+        defined.append(included & own)  # depth metrics: own inputs only (all of cand at lam 0)
+        if c == 2:
+            d, n_all = hamming.sum(), n.sum()
+            m["hamming"] = hamming.float().mean()
+            m["hamming_rate"] = d.float() / valid.sum().clamp(min=1)
+            m["glance_ratio"] = n_all.float() / d.clamp(min=1)
+    if accuracy:
+        m.update(depth_accuracy(*depth_counts(ranks, defined, pos, k)))
+    return loss, {name: v.detach().float() for name, v in m.items()}
+
+
+def own_pass(
+    drafter: nn.Module,
+    cache,
+    copy: int,
+    pred: torch.Tensor,
+    drafts: torch.Tensor,
+    included: torch.Tensor,
+    features: torch.Tensor,
+    next_tokens: torch.Tensor,
+    embed: nn.Embedding,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor,
+    k: int,
+    glance: torch.Tensor | float = 0.0,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pass `copy` >= 2 of the decode variant on `cache` (which holds copies 1 .. copy-1):
+    pred (B, T, d) and drafts (B, T) the previous copy's outputs and top-1 target ids, trusted
+    where `included`; features/next_tokens the true inputs. glance (B,) or scalar: lam * d,
+    rounded to the number of candidates given their true pair back. Returns (outputs, cand,
+    own, n_glanced): cand (B, T) positions whose input can be an own pair, own those that are."""
+    cand = _shift_right(included, k)  # input m holds own(m) from the output at m - k
+    glance = torch.as_tensor(glance, dtype=torch.float64, device=cand.device)
+    n = torch.minimum(torch.floor(glance + 0.5).long().expand(cand.shape[0]), cand.sum(-1))
+    own = cand & ~choose_glance(cand, n, position_ids, k, generator)
+    f = torch.where(own.unsqueeze(-1), _shift_right(pred.detach(), k).to(features.dtype), features)
+    t = torch.where(own, _shift_right(drafts.clamp(min=0), k), next_tokens)
+    out = drafter(
+        f, t, embed, position_ids=position_ids, cache=cache,
+        attn_bias=own_block_bias(position_ids, attention_mask, k, copy), slots=position_ids % k,
+    )  # fmt: skip
+    return out, cand, own, n

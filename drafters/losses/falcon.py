@@ -76,7 +76,8 @@ def falcon_loss(
     tag: str = "",
     vocab: DraftVocab | None = None,
     accuracy: bool = True,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    return_drafts: bool = False,
+):
     """pred_features (B, T, d) drafter outputs; target_features (B, T, d) the true f;
     target_logits (B, T, V) (the full vocabulary) or None; input_ids, loss_mask (B, T).
     lm_head: the drafter's scoring head (with `vocab`, its V_d rows of the target's head).
@@ -87,6 +88,8 @@ def falcon_loss(
     accuracy=False leaves out the argmax and the acc metrics (steps that do not log them).
     Returns (loss, metrics): loss scalar (or (B,) per_sequence); metrics (pooled, detached)
     `acc{tag}_pos{p}` for p = 1..k, `acc{tag}`, loss_feat, loss_kl, loss_ce, oov_rate.
+    return_drafts=True: (loss, metrics, drafts), drafts (B, T) the top-1 draft (target id) at
+    every position in the loss, -1 elsewhere (the argmax is taken even with accuracy=False).
     """
     B, T, _ = pred_features.shape
     valid = falcon_valid(loss_mask, k)
@@ -125,11 +128,18 @@ def falcon_loss(
     nk = known.sum().clamp(min=1)
     metrics = {"loss_feat": sl1.sum() / n, "loss_kl": kl.sum() / n, "loss_ce": ce.sum() / nk}
     metrics["oov_rate"] = (~known).sum().float() / n
+    if accuracy or return_drafts:
+        top = logp.detach().argmax(-1)  # (N,) draft-vocabulary ids
     if accuracy:
-        hit = (logp.argmax(-1) == tok) & known
+        hit = (top == tok) & known
         sel = metric_mask[b, j] if metric_mask is not None else torch.ones_like(hit)
         metrics.update(block_accuracy(hit, block_offset(position_ids[b, j], k), k, tag, sel))
-    return loss, {name: v.detach().float() for name, v in metrics.items()}
+    metrics = {name: v.detach().float() for name, v in metrics.items()}
+    if not return_drafts:
+        return loss, metrics
+    drafts = torch.full_like(input_ids, -1)
+    drafts[b, j] = top if vocab is None else vocab.to_target(top)
+    return loss, metrics, drafts
 
 
 def block_accuracy(

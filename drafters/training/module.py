@@ -57,6 +57,23 @@ def accept_len_estimate(acc: list[float]) -> float:
     return total
 
 
+def falcon_chain_rates(metrics, k: int, passes: int) -> list[float]:
+    """Per-depth rates of a top-1 chain of FALCON_DECODE_PASSES passes from validation metrics:
+    the decode-faithful `val/acc_depth{d}` (d = 1 .. k * passes, each given the depths before it
+    right), deeper depths repeating the last measured pass; without them (LSTM fusion), the
+    teacher-forced `val/acc_pos{p}` then the paper's `val/acc_pass2_pos{p}` for later passes."""
+    total = k * FALCON_DECODE_PASSES
+    if "val/acc_depth1" in metrics:
+        acc = [float(metrics[f"val/acc_depth{d}"]) for d in range(1, k * passes + 1)]
+        last = acc[-k:]
+    else:
+        acc = [float(metrics.get(f"val/acc_pos{p}", 0.0)) for p in range(1, k + 1)]
+        last = [float(metrics.get(f"val/acc_pass2_pos{p}", 0.0)) for p in range(1, k + 1)]
+    while len(acc) < total:
+        acc += last
+    return acc[:total]
+
+
 class DrafterLitModule(L.LightningModule):
     def __init__(
         self,
@@ -158,12 +175,14 @@ class DrafterLitModule(L.LightningModule):
                 head,
                 self.drafter.cfg.k,
                 lam,
-                # validation always measures pass-2 accuracy, so ablations compare fairly
+                # validation measures every variant the same way, so ablations compare fairly
                 teacher_forcing_only=bool(c.get("teacher_forcing_only")) and train,
                 loss_on_glanced=bool(c.get("loss_on_glanced", True)),
                 noise=float(self.loss_cfg.get("feature_noise", 0.0)) if train else 0.0,
                 vocab=vocab,
                 accuracy=accuracy,
+                variant=c.get("variant", "decode") if train else self.measured_variant(),
+                passes=int(c.get("passes", 2)),
             )
             m["csgd_lambda"] = torch.tensor(lam)
             return loss, m, f
@@ -194,6 +213,12 @@ class DrafterLitModule(L.LightningModule):
             h = self.target_entropy(batch, f, full)
             self._calib.append(torch.stack([h[full], acc_len[full].float()]).cpu())
         return loss, m, f
+
+    def measured_variant(self) -> str:
+        """The CSGD variant validation measures: decode-faithful passes (own blocks over true
+        context, `val/acc_depth{d}`) for every linear-fusion drafter whatever it trains with;
+        the paper's all-own pass 2 for LSTM fusion, which the decode variant cannot run."""
+        return "decode" if self.drafter.cfg.fusion == "linear" else "paper"
 
     @torch.no_grad()
     def target_entropy(self, batch: dict, f: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -249,10 +274,7 @@ class DrafterLitModule(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         m = self.trainer.callback_metrics
         if self.kind == "falcon":
-            k = self.drafter.cfg.k
-            first = [float(m.get(f"val/acc_pos{p}", 0.0)) for p in range(1, k + 1)]
-            later = [float(m.get(f"val/acc_pass2_pos{p}", 0.0)) for p in range(1, k + 1)]
-            acc = first + later * (FALCON_DECODE_PASSES - 1)
+            acc = falcon_chain_rates(m, self.drafter.cfg.k, int(self.csgd_cfg.get("passes", 2)))
         else:
             acc = [float(m.get(f"val/acc_head{i}", 0.0)) for i in range(self.drafter.num_heads)]
         self.log("val/accept_len_est", accept_len_estimate(acc), sync_dist=True)
