@@ -22,69 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from heldout import ROOT, decode_heldout, heldout_prompts, train_run
 
 
 def run_name(drafter: str, budget: str) -> str:
     return f"scaling_{drafter}_{budget}"
-
-
-def train(drafter: str, budget: str, args) -> Path:
-    """Train (or resume) one run; returns its run folder once its drafter is exported."""
-    name = run_name(drafter, budget)
-    run_dir = Path(args.log_dir) / "train" / name
-    if (run_dir / "drafter" / "config.json").is_file():
-        return run_dir
-    cmd = [
-        sys.executable, "train.py", f"+experiment={drafter}_smollm2", f"run_name={name}",
-        f"paths.log_dir={args.log_dir}", "ckpt_path=last", "logger=csv",
-        f"data.max_train_tokens={'null' if budget == 'all' else budget}",
-        *args.overrides,
-    ]  # fmt: skip
-    print("[scaling] " + " ".join(cmd), flush=True)
-    subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "WANDB_MODE": "disabled"})
-    return run_dir
-
-
-def decode(run_dir: Path, args, target, prompts: list[dict]) -> dict:
-    import torch
-
-    from drafters.decoding import decode_ar
-    from drafters.export import load_drafter
-    from drafters.speculate import speculative_decode
-
-    d = load_drafter(run_dir / "drafter", target)
-    tree = f"chain{args.depth}"
-    accept, emitted, forwards = [], 0, 0
-    for p in prompts:
-        ids = torch.tensor([p["ids"]])
-        ref = decode_ar(target, ids, args.max_new_tokens).sequences
-        res = speculative_decode(target, d, ids, args.max_new_tokens, gate="none", tree=tree)
-        if not torch.equal(res.sequences, ref):
-            raise AssertionError(f"{run_dir.name}: output differs from AR on ShareGPT {p['id']}")
-        accept += res.accept_lens
-        emitted += res.sequences.shape[1] - ids.shape[1] - 1
-        forwards += len(res.accept_lens)
-    depth = [sum(a >= k for a in accept) / max(len(accept), 1) for k in range(1, args.depth + 1)]
-    vocab = run_dir / "draft_vocab.json"
-    return {
-        "run": run_dir.name,
-        "kind": d.kind,
-        "train_answer_tokens": json.loads(vocab.read_text())["train_answer_tokens"]
-        if vocab.is_file()
-        else None,
-        "global_step": d.config.get("source", {}).get("global_step"),
-        "prompts": len(prompts),
-        "tau": emitted / forwards if forwards else None,
-        "accept_at_depth": [round(x, 4) for x in depth],
-        "tree": tree,
-        "lossless": True,
-    }
 
 
 def main() -> None:
@@ -101,10 +45,9 @@ def main() -> None:
     args = p.parse_args()
 
     from drafters import load_target
-    from drafters.eval.tune import validation_prompts
 
     target = load_target(args.target)
-    prompts = validation_prompts(target.tokenizer, args.prompts, 1024, 0.02)
+    prompts = heldout_prompts(target, args.prompts)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -114,8 +57,10 @@ def main() -> None:
             if result_path.is_file():
                 rows.append(json.loads(result_path.read_text()))
                 continue
-            run_dir = train(drafter, budget, args)
-            rows.append(decode(run_dir, args, target, prompts))
+            limit = "null" if budget == "all" else budget
+            over = [f"data.max_train_tokens={limit}", *args.overrides]
+            run_dir = train_run(run_name(drafter, budget), f"{drafter}_smollm2", over, args.log_dir)
+            rows.append(decode_heldout(run_dir, target, prompts, args.max_new_tokens, args.depth))
             result_path.write_text(json.dumps(rows[-1], indent=1))
             print(f"[scaling] {json.dumps(rows[-1])}", flush=True)
     print(f"\n{len(prompts)} held-out ShareGPT first turns, {args.max_new_tokens} new tokens, "

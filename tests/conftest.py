@@ -97,3 +97,16 @@ def tiny_exported(tmp_path_factory, tiny_checkpoints):
 
     root = tmp_path_factory.mktemp("exported")
     return {k: export_checkpoint(p, root / f"{k}_tiny") for k, p in tiny_checkpoints.items()}
+
+
+@pytest.fixture(scope="session")
+def heldout_cache(tmp_path_factory, tiny, tiny_distilled):
+    """The offline feature cache of tiny_distilled's validation split (default val_fraction)."""
+    from drafters.training.datamodule import DistilledDataModule
+    from drafters.training.feature_cache import build_feature_cache
+
+    cache = tmp_path_factory.mktemp("tune_cache")
+    dm = DistilledDataModule(str(tiny_distilled), max_length=64, features="online").attach(tiny)
+    dm.setup()
+    build_feature_cache(tiny, dm.val_set, cache / "validation")
+    return cache

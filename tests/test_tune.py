@@ -3,21 +3,8 @@ validation prompts, the chosen tree as `drafters-export --tree` input, the HF pe
 
 import json
 
-import pytest
-
 from drafters.cli import tune_main
 from drafters.export import export_checkpoint, load_drafter
-from drafters.training.datamodule import DistilledDataModule
-from drafters.training.feature_cache import build_feature_cache
-
-
-@pytest.fixture(scope="module")
-def heldout_cache(tmp_path_factory, tiny, tiny_distilled):
-    cache = tmp_path_factory.mktemp("tune_cache")
-    dm = DistilledDataModule(str(tiny_distilled), max_length=64, features="online").attach(tiny)
-    dm.setup()
-    build_feature_cache(tiny, dm.val_set, cache / "validation")
-    return cache
 
 
 def test_tune_chooses_a_tree_per_drafter(tmp_path, tiny_distilled, heldout_cache, tiny_exported,
