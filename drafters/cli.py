@@ -150,6 +150,7 @@ def generate_main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="target dtype (default: float32 on the CPU)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -160,8 +161,22 @@ def generate_main(argv: list[str] | None = None) -> int:
     ids = render_prompt(target.tokenizer, [{"role": "user", "content": args.prompt}])
     input_ids = torch.tensor([ids], device=target.device)
     tree = parse_tree(args.tree)
-    res = speculative_decode(target, drafter, input_ids, args.max_new_tokens, args.gate, tree)
-    print(target.tokenizer.decode(res.output_ids, skip_special_tokens=True), flush=True)
+    streamer, stream = None, None
+    if args.stream:
+        from transformers import TextStreamer
+
+        streamer = TextStreamer(target.tokenizer, skip_special_tokens=True)
+
+        def stream(tokens: list[int]) -> None:
+            streamer.put(torch.tensor(tokens))
+
+    res = speculative_decode(
+        target, drafter, input_ids, args.max_new_tokens, args.gate, tree, stream=stream
+    )
+    if streamer is not None:
+        streamer.end()
+    else:
+        print(target.tokenizer.decode(res.output_ids, skip_special_tokens=True), flush=True)
     s = res.stats()
     print(
         f"\n[{drafter.kind} {drafter.name}, gate {args.gate}, target {target.name}] "
@@ -278,6 +293,8 @@ def tune_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True)
     p.add_argument("--target", default=None, help="default: the drafters' target")
     p.add_argument("--sizes", type=int, nargs="+", default=[3, 5, 8, 16], help="tree nodes")
+    p.add_argument("--no-snap", dest="snap", action="store_false",
+                   help="keep --sizes (default: each moved below a cost step)")  # fmt: skip
     p.add_argument("--topk", type=int, default=10)
     p.add_argument("--prompts", type=int, default=4, help="ShareGPT validation prompts")
     p.add_argument("--max-prompt-tokens", type=int, default=384)

@@ -9,13 +9,14 @@ spec. Every path is greedy and lossless: the output equals the target's plain gr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from drafters.decoding import DecodeResult, decode_heads, get_tree, measure_cost_ratio
 from drafters.decoding.falcon import decode_falcon
-from drafters.decoding.heads import draft_token_ids
+from drafters.decoding.heads import draft_token_ids, head_logits
 from drafters.export import LoadedDrafter
 from drafters.models import HEAD_KINDS
 from drafters.target import Target
@@ -37,7 +38,7 @@ def cost_ratio(target: Target, drafter: LoadedDrafter, prompt_len: int, tree: An
     token_ids = draft_token_ids(drafter.model)
 
     def draft():
-        return t.candidates(root, drafter.model(f, target.lm_head)[0, 0], token_ids)
+        return t.candidates(root, head_logits(drafter.model, f, target.lm_head, t.depth), token_ids)
 
     return measure_cost_ratio(target, t, prompt_len, draft=draft)
 
@@ -51,6 +52,7 @@ def speculative_decode(
     gate: Any = "default",
     tree: Any = None,
     cost_ratio: float | None = None,
+    stream: Callable[[list[int]], None] | None = None,
 ) -> DecodeResult:
     """Greedy speculative decoding of input_ids (1, T) with an exported drafter.
 
@@ -59,6 +61,8 @@ def speculative_decode(
     tree: None (the drafter's exported tree) or a spec for the decoder (a preset name,
     `chain<K>`, a list of paths; Falcon: what `decode_falcon` accepts).
     cost_ratio: c_tree / c_ar for a gated decode (None: measured by the decoder on this prompt).
+    stream: called with the new tokens of each step as they are accepted (e.g. a
+    `transformers.TextStreamer`'s put, as `drafters-generate --stream` does).
     """
     if drafter.kind in HEAD_KINDS:
         g = drafter.get_gate(gate) if isinstance(gate, str | None) else gate
@@ -70,9 +74,10 @@ def speculative_decode(
             max_new_tokens,
             gate=g,
             cost_ratio=cost_ratio if g is not None else None,
+            stream=stream,
         )
     if gate not in (None, "none", "default"):
         raise ValueError(f"a {drafter.kind} drafter has no gate (asked for {gate!r})")
     tree = drafter.tree if tree is None else tree
     kwargs = {} if tree is None else {"tree": tree}
-    return decode_falcon(target, drafter.model, input_ids, max_new_tokens, **kwargs)
+    return decode_falcon(target, drafter.model, input_ids, max_new_tokens, stream=stream, **kwargs)

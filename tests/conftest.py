@@ -1,5 +1,8 @@
 """Shared fixtures: a tiny random Llama target (unit tests) and the real embedded SmolLM2."""
 
+import os
+import tempfile
+
 import pytest
 import torch
 
@@ -10,6 +13,10 @@ from drafters.testing import tiny_target
 # than they gain (50-80x slower seen on a loaded 2-core machine). Subprocess tests set
 # OMP_NUM_THREADS themselves.
 torch.set_num_threads(1)
+
+# The decoders' measured LM-head kernel plans (drafters/decoding/logits.py) go to a file of this
+# test session, subprocesses included, not to the user's ~/.cache.
+os.environ.setdefault("DRAFTERS_KERNEL_CACHE", os.path.join(tempfile.mkdtemp(), "kernels.json"))
 
 
 @pytest.fixture(scope="session")

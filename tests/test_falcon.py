@@ -6,6 +6,7 @@ from torch import nn
 
 from drafters.models import FalconConfig, FalconDrafter, block_causal_mask, build_drafter
 from drafters.models.falcon import num_params
+from drafters.models.kv_cache import FalconKVCache
 
 D, V = 16, 30
 
@@ -218,3 +219,23 @@ def test_lstm_cache_state_rules():
         m(f[:, 4:], t[:, 4:], embed, cache=cache)
     cache.crop(4)
     torch.testing.assert_close(m(f[:, 4:], t[:, 4:], embed, cache=cache), m(f, t, embed)[:, 4:])
+
+
+def test_in_place_cache_matches_concatenation_through_crop_and_keep():
+    """Without autograd the cache writes into buffers; the entries equal plain concatenation."""
+    g = torch.Generator().manual_seed(0)
+    cache, want = FalconKVCache(1), torch.zeros(1, 2, 0, 4)
+    with torch.inference_mode():
+        for step in range(30):
+            k = torch.randn(1, 2, 5, 4, generator=g)
+            cache.update(0, k, k + 1)
+            want = torch.cat([want, k], dim=2)
+            if step % 3 == 1:
+                cache.crop(want.shape[2] - 2)
+                want = want[:, :, :-2]
+            if step in (2, 12):
+                idx = torch.arange(0, cache.length, 2)
+                cache.keep(idx)
+                want = want[:, :, idx]
+            assert torch.equal(cache.keys[0], want) and torch.equal(cache.values[0], want + 1)
+        assert cache.length > 64  # past the first buffer

@@ -104,6 +104,11 @@ def test_generate_command(tiny_exported):
     stats = res.stdout.strip().splitlines()[-1]
     assert "tau " in stats and "alpha " in stats and "tokens/s " in stats
     assert "12 tokens" in stats and "tiny-random-llama-seed0" in stats
+    streamed = subprocess.run([*cmd, "--stream"], capture_output=True, text=True, timeout=300,
+                              cwd=ROOT)  # fmt: skip
+    assert streamed.returncode == 0, streamed.stderr[-2000:]
+    text = res.stdout.rsplit("\n[", 1)[0]  # the answer, before the stats line
+    assert streamed.stdout.rsplit("\n[", 1)[0].strip() == text.strip()
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ def test_tune_chooses_a_tree_per_drafter(tmp_path, tiny_distilled, heldout_cache
                                          tiny_checkpoints):  # fmt: skip
     out = tmp_path / "tune"
     argv = ["--out", str(out), "--peers", "--prompts", "2", "--max-new-tokens", "8",
-            "--sizes", "2", "4", "--threads", "1", "--dataset-dir", str(tiny_distilled),
+            "--sizes", "2", "4", "--no-snap", "--threads", "1",
+            "--dataset-dir", str(tiny_distilled),
             "--cache-dir", str(heldout_cache), "--max-length", "64",
             "--prompt-lookup", "2", "3"]  # fmt: skip
     for kind in ("medusa", "falcon"):
@@ -37,3 +38,20 @@ def test_tune_chooses_a_tree_per_drafter(tmp_path, tiny_distilled, heldout_cache
         folder = export_checkpoint(tiny_checkpoints[kind], tmp_path / f"re_{kind}",
                                    tree=str(out / f"{name}.tree.json"))  # fmt: skip
         assert load_drafter(folder).config["tree"]["spec"] == res["chosen_tree"]
+
+
+def test_snap_sizes_moves_each_size_below_the_next_cost_step():
+    from drafters.decoding.cost import snap_sizes
+
+    # t(n)/t(1) for n = 1..12: flat to 3 rows, a step at 4, flat to 9 rows, a step at 10
+    profile = [1.0, 1.02, 1.03, 1.3, 1.31, 1.32, 1.33, 1.34, 1.35, 1.8, 1.81, 1.82]
+    assert snap_sizes(profile, [1, 2, 3, 5, 8]) == [2, 8]  # 3 and 9 rows: below the steps
+    assert snap_sizes(profile, [11, 20]) == [11]  # capped by the profile
+    assert snap_sizes(profile, [3], step=0.5) == [11]  # a coarser step: nothing is a step
+
+
+def test_forward_cost_profile_on_the_tiny_target(tiny):
+    from drafters.decoding.cost import forward_cost_profile
+
+    profile = forward_cost_profile(tiny, max_rows=5, prompt_len=8, reps=1)
+    assert len(profile) == 5 and profile[0] == 1.0 and all(x > 0 for x in profile)

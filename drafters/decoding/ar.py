@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from drafters.decoding.cache import new_cache, target_forward
@@ -11,13 +13,19 @@ from drafters.target import Target
 
 
 @torch.inference_mode()
-def decode_ar(target: Target, input_ids: torch.Tensor, max_new_tokens: int) -> DecodeResult:
+def decode_ar(
+    target: Target,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    stream: Callable[[list[int]], None] | None = None,
+) -> DecodeResult:
     """Greedy decoding of input_ids (1, T): prefill, then one target forward per token.
 
     Same output as `target.model.generate(input_ids, do_sample=False, max_new_tokens=...)`.
+    stream: called with each new token as it is emitted.
     """
     input_ids = input_ids.to(target.device)
-    gen = Generation(input_ids, max_new_tokens, target.eos_token_ids)
+    gen = Generation(input_ids, max_new_tokens, target.eos_token_ids, stream)
     if gen.done:
         return gen.result()
     cache = new_cache(target)

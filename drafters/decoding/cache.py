@@ -4,6 +4,12 @@ Cache invariant of every decoder here: the cache holds the KV entries of every c
 except the last one. That last token (the "root": the bonus token of the previous forward, or the
 prefill's first token) has been emitted but not yet fed to the target; the next forward, a
 1-token AR step or a tree verification, starts with it.
+
+`new_cache` gives a `DynamicCache` whose full-attention layers are `InPlaceLayer`s: their keys
+and values live in a preallocated buffer (grown by doubling) that a forward writes its new
+entries into, so no forward re-copies the whole cache as `torch.cat` does (HF's `DynamicLayer`:
+2 ms a forward at 128 cached tokens, 7 ms at 768, for SmolLM2 on one core). `keep_kv` compacts
+the accepted entries in place, inside that buffer.
 """
 
 from __future__ import annotations
@@ -13,12 +19,64 @@ from functools import cache as memoize
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from drafters.target import Target
 
 
+class InPlaceLayer(DynamicLayer):
+    """A `DynamicLayer` over a preallocated (B, H, capacity, hd) buffer: `update` writes the new
+    entries at the current length and returns views of the filled part; `keys`/`values` are
+    always such views, so `crop`, `keep_kv` and `get_seq_length` work on them unchanged. Keys
+    or values replaced by another tensor (e.g. a beam reorder) are adopted into a new buffer."""
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._buffers = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if torch.is_grad_enabled():  # in-place writes would break autograd's saved views
+            return super().update(key_states, value_states, *args, **kwargs)
+        n, t = self.get_seq_length(), key_states.shape[-2]
+        if not self._owns() or n + t > self._buffers[0].shape[-2]:
+            self._grow(key_states, value_states, n, n + t)
+        kb, vb = self._buffers
+        kb[..., n : n + t, :] = key_states
+        vb[..., n : n + t, :] = value_states
+        self.keys, self.values = kb[..., : n + t, :], vb[..., : n + t, :]
+        return self.keys, self.values
+
+    def _owns(self) -> bool:
+        """Whether keys and values are still views of this layer's buffers."""
+        if self._buffers is None:
+            return False
+        kb, vb = self._buffers
+        return _same_storage(self.keys, kb) and _same_storage(self.values, vb)
+
+    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, n: int, need: int):
+        capacity = max(256, 2 * need)
+        shape = (*key_states.shape[:-2], capacity, key_states.shape[-1])
+        kb = key_states.new_empty(shape)
+        vb = value_states.new_empty((*shape[:-1], value_states.shape[-1]))
+        if n:
+            kb[..., :n, :] = self.keys
+            vb[..., :n, :] = self.values
+        self._buffers = (kb, vb)
+        self.keys, self.values = kb[..., :n, :], vb[..., :n, :]
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 def new_cache(target: Target) -> DynamicCache:
-    return DynamicCache(config=target.config)
+    """The decoders' cache: HF's, its plain full-attention layers written in place."""
+    cache = DynamicCache(config=target.config)
+    cache.layers = [InPlaceLayer() if type(layer) is DynamicLayer else layer
+                    for layer in cache.layers]  # fmt: skip
+    return cache
 
 
 @memoize

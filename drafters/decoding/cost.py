@@ -1,8 +1,14 @@
-"""c_tree / c_ar measured on the running machine: the gate's threshold is c_tree / c_ar - 1.
+"""Costs measured on the running machine: the gate's c_tree / c_ar, and the target forward's
+cost by the number of rows it verifies.
 
 A tree step costs c_tree and yields 1 + a tokens, an AR step costs c_ar and yields 1, so a tree
 step pays off iff E[a] > c_tree / c_ar - 1 (docs/design.md section 3). The ratio depends on the
 target, the tree, the context length, the device and its load, hence measured, not tuned.
+
+A forward over n new tokens costs t(n), and t rises in steps where the kernels change shape
+(measured on one core: t(4)/t(3) = 1.25 while 9 rows cost as much as 16), so a tree of n - 1
+nodes is best sized just below a step (`forward_cost_profile`, `snap_sizes`; drafters-tune
+snaps its candidate sizes so).
 """
 
 from __future__ import annotations
@@ -64,3 +70,52 @@ def measure_cost_ratio(
         return statistics.median(times)
 
     return timed(tree_step) / timed(ar_step)
+
+
+@torch.inference_mode()
+def forward_cost_profile(
+    target: Target, max_rows: int = 33, prompt_len: int = 128, reps: int = 3, seed: int = 0
+) -> list[float]:
+    """t(n) / t(1) for n = 1 .. max_rows: the median time of a target forward over n new tokens
+    (a tree of n - 1 nodes and its root, with a tree mask) plus its LM head, on a random context
+    of prompt_len tokens, over that of one token. Index n - 1 holds t(n) / t(1)."""
+    from drafters.decoding.verify import tree_attention_mask
+
+    gen = torch.Generator().manual_seed(seed)
+    device = target.device
+    cache = new_cache(target)
+    ctx = torch.randint(target.vocab_size, (1, prompt_len), generator=gen).to(device)
+    target_forward(target, cache, ctx)
+    empty = torch.zeros(0, dtype=torch.long)
+    times = []
+    for n in range(1, max_rows + 1):
+        layout = TreeLayout.from_parents([-1] + list(range(n - 1)))  # a chain: any tree costs alike
+        tokens = torch.randint(target.vocab_size, (1, n), generator=gen).to(device)
+        positions = (prompt_len + layout.depth.to(device))[None]
+        mask = tree_attention_mask(layout, prompt_len, target.dtype, device)
+        samples = []
+        for i in range(reps + 1):
+            t0 = sync_clock(device)
+            project(target.lm_head, target_forward(target, cache, tokens, positions, mask))
+            t1 = sync_clock(device)
+            keep_kv(cache, prompt_len, empty)
+            if i:  # the first call warms up
+                samples.append(t1 - t0)
+        times.append(statistics.median(samples))
+    return [t / times[0] for t in times]
+
+
+def snap_sizes(profile: list[float], sizes: list[int], step: float = 0.1) -> list[int]:
+    """Tree sizes (nodes) moved to just below a cost step of `profile` (t(n) / t(1) by rows n):
+    a size of s nodes (s + 1 rows) grows to the last row count before the next step (a rise of
+    more than `step` over the cost of s + 1 rows), nodes there being free. Sorted, distinct,
+    capped by the profile's length."""
+    rows = len(profile)
+    out = set()
+    for s in sizes:
+        r = min(s + 1, rows)
+        e = r
+        while e < rows and profile[e] <= profile[r - 1] * (1 + step):  # t(e + 1) still free
+            e += 1
+        out.add(e - 1)
+    return sorted(n for n in out if n >= 1)

@@ -52,7 +52,7 @@ step, counted in `ar_steps`); every later step has N >= k.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -219,11 +219,13 @@ def decode_falcon(
     input_ids: torch.Tensor,
     max_new_tokens: int,
     tree: Tree | str | Sequence[Sequence[int]] = "kmask2_8layer_tree",
+    stream: Callable[[list[int]], None] | None = None,
 ) -> DecodeResult:
     """Greedy Falcon tree decoding of input_ids (1, T); output identical to plain greedy.
 
     tree: a Falcon tree spec (`get_falcon_tree`: preset name, `chain`, `chain<D>`, list of
     paths), read in blocks of drafter.cfg.k. `tree_steps` counts verification forwards.
+    stream: called with the tokens of each step as they are accepted.
     """
     k = drafter.cfg.k
     tree = get_falcon_tree(tree, k)
@@ -232,7 +234,7 @@ def decode_falcon(
     layout = tree.layout.to(device)
     root_only = TreeLayout.from_parents([-1]).to(device)
     input_ids = input_ids.to(device)
-    gen = Generation(input_ids, max_new_tokens, target.eos_token_ids)
+    gen = Generation(input_ids, max_new_tokens, target.eos_token_ids, stream)
     if gen.done:
         return gen.result()
     cache = new_cache(target)

@@ -3,7 +3,8 @@
 One step, from the last committed position j (its feature f_j and target logits p_j; the root
 token t_{j+1} = argmax p_j is emitted but not yet in the cache):
   gate: speculate iff E[a] > c_tree / c_ar - 1 (docs/design.md section 3), else one AR step.
-  tree step: heads(f_j) -> per-head top-k; node tokens from the tree's ranks; one verification
+  tree step: heads(f_j) -> per-head top-k (logits of the tree's depth first heads only, by
+    `head_logits`); node tokens from the tree's ranks; one verification
     forward; emit the accepted draft tokens and the bonus token; the last accepted position
     gives the next f and logits.
   AR step: feed the root alone; no heads, no tree, no mask; its logits feed the next decision.
@@ -12,7 +13,7 @@ token t_{j+1} = argmax p_j is emitted but not yet in the cache):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -43,6 +44,15 @@ def draft_token_ids(drafter) -> torch.Tensor | None:
     return None if vocab is None else vocab.ids
 
 
+def head_logits(drafter, f: torch.Tensor, lm_head: nn.Linear, depth: int) -> torch.Tensor:
+    """(depth, V or V_d): the logits of the first `depth` heads at f (1, 1, d), the only ones a
+    tree of that depth reads, through `project` (the measured LM-head kernel) when the drafter
+    exposes its pre-head states (`hidden`, `scoring_head`); else its full forward, cut."""
+    if not hasattr(drafter, "hidden"):
+        return drafter(f, lm_head)[0, 0, :depth]
+    return project(drafter.scoring_head(lm_head), drafter.hidden(f)[0, 0, :depth])
+
+
 class Gate(Protocol):
     def expected_accept(self, features: torch.Tensor, target_logits: torch.Tensor):
         """features (1, 1, d), target_logits (1, 1, V) -> E[a], expected accepted draft tokens
@@ -65,13 +75,15 @@ def decode_heads(
     gate: Gate | None = None,
     cost_ratio: float | None = None,
     threshold_override: float | None = None,
+    stream: Callable[[list[int]], None] | None = None,
 ) -> DecodeResult:
     """Greedy static-tree decoding of input_ids (1, T); output identical to plain greedy.
 
     Without a gate every step is a tree step. With one, the threshold is
     `gate_threshold(cost_ratio)`, cost_ratio measured here by `measure_cost_ratio` when not
     given (pass it to time several prompts fairly). threshold_override replaces the threshold:
-    -inf forces tree steps, +inf AR steps (gate optional for both).
+    -inf forces tree steps, +inf AR steps (gate optional for both). stream: called with the
+    tokens of each step as they are accepted.
     """
     tree = get_tree(tree)
     input_ids = input_ids.to(target.device)
@@ -93,7 +105,7 @@ def decode_heads(
         return float(gate.expected_accept(f, logits)) > threshold
 
     token_ids = draft_token_ids(drafter)
-    gen = Generation(input_ids, max_new_tokens, target.eos_token_ids)
+    gen = Generation(input_ids, max_new_tokens, target.eos_token_ids, stream)
     if gen.done:
         return gen.result()
     cache = new_cache(target)
@@ -103,7 +115,7 @@ def decode_heads(
     gen.emit([root.item()])
     while not gen.done:
         if speculate(f, logits):
-            heads = drafter(f, target.lm_head)[0, 0]  # (K, V or V_d)
+            heads = head_logits(drafter, f, target.lm_head, tree.depth)  # (depth, V or V_d)
             tokens = tree.candidates(root, heads, token_ids)  # (n,) root + draft nodes
             v = verify_tree(target, cache, tokens, layout)
             gen.step(v.accepted + [v.bonus], drafted=len(v.accepted), tree=True)
@@ -124,6 +136,7 @@ def _measure(target: Target, drafter: HeadDrafter, tree: Tree, input_ids: torch.
     token_ids = draft_token_ids(drafter)
 
     def draft():
-        return tree.candidates(input_ids[0, -1], drafter(f, target.lm_head)[0, 0], token_ids)
+        heads = head_logits(drafter, f, target.lm_head, tree.depth)
+        return tree.candidates(input_ids[0, -1], heads, token_ids)
 
     return measure_cost_ratio(target, tree, input_ids.shape[1], draft=draft)

@@ -17,7 +17,7 @@ pool across prompts like those of `stats()`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -109,12 +109,19 @@ class Generation:
     """The running output of one decode call: appends tokens and stops exactly where plain
     greedy decoding (HF generate) stops, right after an EOS token or at max_new_tokens."""
 
-    def __init__(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Iterable[int]):
+    def __init__(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        eos_token_ids: Iterable[int],
+        stream: Callable[[list[int]], None] | None = None,
+    ):
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
             raise ValueError(f"batch 1 only: input_ids (1, T), got {tuple(input_ids.shape)}")
         self.input_ids = input_ids
         self.max_new_tokens = max_new_tokens
         self.eos = set(eos_token_ids)
+        self.stream = stream  # called with the tokens each emit keeps, as they are accepted
         self.tokens: list[int] = []
         self.accept_lens: list[int] = []
         self.step_positions: list[int] = []
@@ -127,7 +134,8 @@ class Generation:
         return self.ended_by_eos or len(self.tokens) >= self.max_new_tokens
 
     def emit(self, tokens: list[int]) -> int:
-        """Append tokens up to the first EOS (kept) or the budget; returns how many were kept."""
+        """Append tokens up to the first EOS (kept) or the budget; returns how many were kept.
+        The kept ones go to `stream` (if given) at once."""
         kept = 0
         for t in tokens:
             if self.done:
@@ -135,6 +143,8 @@ class Generation:
             self.tokens.append(t)
             self.ended_by_eos = t in self.eos
             kept += 1
+        if kept and self.stream is not None:
+            self.stream(self.tokens[-kept:])
         return kept
 
     def step(self, tokens: list[int], drafted: int, tree: bool) -> None:

@@ -12,7 +12,9 @@ Per drafter:
    pairs over true context; deeper passes repeat the second one's rows. (LSTM fusion: depths
    1..k only, repeated for every pass.)
 2. Candidate trees: the greedy best tree of each size in --sizes from those accuracies
-   (`build_tree`, `build_falcon_tree` with one anchor per pass).
+   (`build_tree`, `build_falcon_tree` with one anchor per pass), each size first moved to just
+   below a step of the target forward's cost by rows, measured here (`forward_cost_profile`,
+   `snap_sizes`; --no-snap keeps the sizes as given).
 3. Speed sweep on the first user turns of ShareGPT's validation split (by conversation id, never
    distilled or trained on): every candidate and the in-house AR loop, prompt after prompt, with
    --max-new-tokens each; tokens/s pooled over prompts. Every candidate's output must equal the AR
@@ -229,7 +231,7 @@ def tune_drafter(args, target, folder: str, prompts: list[dict], batches: list[d
     print(f"[tune] {drafter.name}: top-1 accuracy per depth "
           f"{[round(r[0], 3) for r in acc]} over {positions} held-out roots or positions",
           file=sys.stderr)  # fmt: skip
-    specs = {f"tree{n}": tree_input(drafter, acc, n) for n in args.sizes}
+    specs = {f"tree{n}": tree_input(drafter, acc, n) for n in args.snapped_sizes}
     trees = {name: build(drafter, spec) for name, spec in specs.items()}
     methods = [ar_method(target)]
     methods += [drafter_method(target, drafter, None, n, t.to_list()) for n, t in trees.items()]
@@ -238,7 +240,8 @@ def tune_drafter(args, target, folder: str, prompts: list[dict], batches: list[d
     for name, t in trees.items():
         stats[name].update(nodes=len(t), depth=t.depth)
     result = {"drafter": str(folder), "name": drafter.name, "kind": drafter.kind,
-              "topk_acc": acc, "heldout_positions": positions, "row_totals": totals,
+              "sizes": args.snapped_sizes, "topk_acc": acc, "heldout_positions": positions,
+              "row_totals": totals,
               "sweep": stats,
               "chosen": best, "chosen_tree": trees[best].to_list()}  # fmt: skip
     out = Path(args.out)
@@ -298,6 +301,14 @@ def tune(args) -> None:
     if args.peers:
         tune_peers(args, target, prompts)
     if args.drafter:
+        args.snapped_sizes = args.sizes
+        if args.snap:
+            from drafters.decoding.cost import forward_cost_profile, snap_sizes
+
+            profile = forward_cost_profile(target, max_rows=max(args.sizes) + 9)
+            args.snapped_sizes = snap_sizes(profile, args.sizes)
+            print(f"[tune] forward cost by rows t(n)/t(1): {[round(x, 2) for x in profile]}; "
+                  f"tree sizes {args.sizes} -> {args.snapped_sizes}", file=sys.stderr)  # fmt: skip
         batches = heldout_batches(target, args.dataset_dir, args.cache_dir, args.max_length,
                                   args.val_fraction)  # fmt: skip
         for folder in args.drafter:

@@ -5,6 +5,11 @@ given the cache appends its T new positions to every layer. The decoder keeps wh
 `crop(n)` drops everything from position n on, `keep(indices)` retains selected positions
 (e.g. prefix + accepted path after a tree step) in the given order.
 
+Without autograd (decoding) the entries live in a preallocated buffer per layer, grown by
+doubling: a forward writes its new positions in place and `keys[l]`/`values[l]` are views of the
+filled part, so no forward re-copies the cache. With autograd (CSGD's own-block passes in
+training) `update` concatenates, since an in-place write would change tensors saved for backward.
+
 LSTM fusion only: `lstm_state` = (h, c), each (1, B, d), is the recurrent state after cache
 position `lstm_length - 1`. Only chain forwards (`attn_bias=None`) write it; a chain forward
 continues the recurrence from it and therefore requires `length == lstm_length` (crop back to
@@ -23,6 +28,7 @@ class FalconKVCache:
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.lstm_state: tuple[torch.Tensor, torch.Tensor] | None = None
         self.lstm_length = 0
+        self._buffers: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
 
     @property
     def length(self) -> int:
@@ -32,11 +38,31 @@ class FalconKVCache:
         self, layer_idx: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append k, v (B, H_kv, T, hd) to layer `layer_idx`; return all (B, H_kv, S+T, hd)."""
-        if self.keys[layer_idx] is not None:
-            k = torch.cat([self.keys[layer_idx], k], dim=2)
-            v = torch.cat([self.values[layer_idx], v], dim=2)
-        self.keys[layer_idx], self.values[layer_idx] = k, v
-        return k, v
+        old_k, old_v = self.keys[layer_idx], self.values[layer_idx]
+        if torch.is_grad_enabled():
+            if old_k is not None:
+                k, v = torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2)
+            self.keys[layer_idx], self.values[layer_idx] = k, v
+            return k, v
+        n, t = (0 if old_k is None else old_k.shape[2]), k.shape[2]
+        buf = self._buffers[layer_idx]
+        if buf is None or n + t > buf[0].shape[2] or not _views_of(old_k, old_v, buf):
+            buf = self._grow(layer_idx, k, v, n + t)
+        kb, vb = buf
+        kb[:, :, n : n + t], vb[:, :, n : n + t] = k, v
+        self.keys[layer_idx], self.values[layer_idx] = kb[:, :, : n + t], vb[:, :, : n + t]
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def _grow(self, i: int, k: torch.Tensor, v: torch.Tensor, need: int):
+        """A new buffer of twice what is needed, holding layer i's current entries."""
+        B, H, _, D = k.shape
+        kb = k.new_empty(B, H, max(64, 2 * need), D)
+        vb = v.new_empty(B, H, kb.shape[2], v.shape[3])
+        old_k, old_v = self.keys[i], self.values[i]
+        if old_k is not None and old_k.shape[2]:
+            kb[:, :, : old_k.shape[2]], vb[:, :, : old_v.shape[2]] = old_k, old_v
+        self._buffers[i] = (kb, vb)
+        return kb, vb
 
     def keep(self, indices: torch.Tensor) -> None:
         """Retain positions `indices` along time: LongTensor (S',) for the whole batch, or
@@ -57,3 +83,12 @@ class FalconKVCache:
         for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
             if k is not None:
                 self.keys[i], self.values[i] = k[:, :, :n], v[:, :, :n]
+
+
+def _views_of(k: torch.Tensor | None, v: torch.Tensor | None, buf) -> bool:
+    """Whether k and v (None: nothing cached yet) are views of the buffers `buf`."""
+    if k is None:
+        return True
+    kb, vb = buf
+    return (k.untyped_storage().data_ptr() == kb.untyped_storage().data_ptr()
+            and v.untyped_storage().data_ptr() == vb.untyped_storage().data_ptr())  # fmt: skip
