@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from heldout import ROOT, decode_heldout, heldout_prompts, train_run
+from heldout import add_run_args, decode_heldout, start, train_run
 
 
 def run_name(drafter: str, budget: str) -> str:
@@ -35,21 +34,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--drafters", nargs="+", default=["falcon", "medusa"])
     p.add_argument("--tokens", nargs="+", default=["100000", "300000", "1000000", "all"])
-    p.add_argument("--prompts", type=int, default=20, help="held-out ShareGPT first turns")
-    p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--depth", type=int, default=4, help="chain depth decoded (Falcon: k x passes)")
-    p.add_argument("--target", default="smollm2_135m")
-    p.add_argument("--log-dir", default=str(ROOT / "logs"))
-    p.add_argument("--out", default=str(ROOT / "outputs" / "scaling"))
-    p.add_argument("overrides", nargs="*", help="train.py overrides for every run")
+    add_run_args(p, "scaling")
     args = p.parse_args()
-
-    from drafters import load_target
-
-    target = load_target(args.target)
-    prompts = heldout_prompts(target, args.prompts)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    target, prompts, out = start(args)
     rows = []
     for drafter in args.drafters:
         for budget in args.tokens:

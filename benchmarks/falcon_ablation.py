@@ -29,7 +29,7 @@ import argparse
 import json
 from pathlib import Path
 
-from heldout import ROOT, decode_heldout, heldout_prompts, train_run
+from heldout import ROOT, add_run_args, decode_heldout, start, train_run
 
 RUNS: dict[str, list[str]] = {}
 for _k in (2, 3):
@@ -56,24 +56,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     p.add_argument("--tokens", default="1000000", help="answer tokens trained on (or all)")
-    p.add_argument("--prompts", type=int, default=20, help="held-out ShareGPT first turns")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--target", default="smollm2_135m")
     p.add_argument("--dataset-dir", default=str(ROOT / "data/distilled/smollm2_135m/train"))
     p.add_argument("--cache-dir", default=str(ROOT / "data/features/smollm2_135m"))
     p.add_argument("--max-length", type=int, default=512, help="as the training runs")
     p.add_argument("--val-fraction", type=float, default=0.05, help="as the training runs")
-    p.add_argument("--log-dir", default=str(ROOT / "logs"))
-    p.add_argument("--out", default=str(ROOT / "outputs" / "falcon_ablation"))
-    p.add_argument("overrides", nargs="*", help="train.py overrides for every run")
+    add_run_args(p, "falcon_ablation")
     args = p.parse_args()
-
-    from drafters import load_target
-
-    target = load_target(args.target)
-    prompts = heldout_prompts(target, args.prompts)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    target, prompts, out = start(args)
     limit = "null" if args.tokens == "all" else args.tokens
     rows = []
     for name in args.runs:

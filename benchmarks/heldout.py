@@ -8,6 +8,7 @@ distilled, never trained on, never the evaluation sets), as `drafters-tune` uses
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -87,3 +88,23 @@ def heldout_prompts(target, n: int) -> list[dict]:
     from drafters.eval.tune import validation_prompts
 
     return validation_prompts(target.tokenizer, n, 1024, 0.02)
+
+
+def add_run_args(p: argparse.ArgumentParser, out: str) -> None:
+    """The options every held-out comparison script shares."""
+    p.add_argument("--prompts", type=int, default=20, help="held-out ShareGPT first turns")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--target", default="smollm2_135m")
+    p.add_argument("--log-dir", default=str(ROOT / "logs"))
+    p.add_argument("--out", default=str(ROOT / "outputs" / out))
+    p.add_argument("overrides", nargs="*", help="train.py overrides for every run")
+
+
+def start(args) -> tuple:
+    """(target, held-out prompts, the output folder, made) for parsed `add_run_args` options."""
+    from drafters import load_target
+
+    target = load_target(args.target)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return target, heldout_prompts(target, args.prompts), out
