@@ -80,6 +80,7 @@ def main() -> None:
     from drafters import load_target
     from drafters.decoding import decode_ar, decode_heads
     from drafters.decoding.falcon import decode_falcon
+    from drafters.decoding.logits import processor_name
     from drafters.models import build_drafter
     from drafters.models.vocab import top_ids
     from drafters.training.run import drafter_config
@@ -122,9 +123,7 @@ def main() -> None:
             rows.append((kind, label, step, fw))
             print(f"[cost] {kind} {label}: {step * 1e3:.1f} ms a step", file=sys.stderr)
 
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    cpu = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "?")
+    cpu = processor_name()
     print(f"\n{args.target}, {target.dtype}, {args.threads} thread(s), {cpu}; "
           f"{len(ids_list)} MT-Bench first turns, {n} new tokens; random drafters, "
           f"V_d {args.draft_vocab}\n")  # fmt: skip

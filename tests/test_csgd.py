@@ -310,3 +310,13 @@ def test_falcon_chain_rates_extend_the_last_measured_pass():
     lstm = {"val/acc_pos1": 0.9, "val/acc_pos2": 0.8, "val/acc_pass2_pos1": 0.5}
     assert rates(lstm, 2, 2)[:4] == [0.9, 0.8, 0.5, 0.0]
     assert accept_len_estimate(rates(m, 2, 2)) > accept_len_estimate(rates(lstm, 2, 2))
+
+
+def test_decode_variant_loss_does_not_depend_on_logging_the_metrics():
+    drafter, b = _drafter(k=2), _batch([16, 12], 16)
+    kw = dict(k=2, lam=0.4, variant="decode", passes=3)
+    on, m_on = csgd_step(drafter, **b, **kw, generator=torch.Generator().manual_seed(0))
+    off, m_off = csgd_step(drafter, **b, **kw, accuracy=False,
+                           generator=torch.Generator().manual_seed(0))  # fmt: skip
+    torch.testing.assert_close(on, off)
+    assert "acc_depth6" in m_on and not any(k.startswith("acc") for k in m_off)

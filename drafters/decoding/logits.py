@@ -4,11 +4,11 @@ runs fastest.
 For a handful of rows x against a large W (an LM head: vocabulary x hidden), `x @ W.T`
 (`F.linear`) and `W @ x.T` take different CPU kernels: on some processors the first runs a
 matrix-vector product per row (one full pass over W each), on others the second is the slow one,
-and the crossover moves with the row count, the dtype and the head's shape (measured: 2 rows
-cost 16.7 ms by `W @ x.T` vs 8.6 ms by `F.linear` on one AMD EPYC core, the reverse of the
-machine the old fixed rule was tuned on). So the choice is measured where the decoder runs: the
-first `project` on a CPU head of a given shape and dtype times both forms for 1 .. MAX_ROWS rows
-(`kernel_plan`; about a second for a 49,152-row head) and keeps the faster per row count, in
+and the crossover moves with the row count, the dtype and the head's shape (a row range tuned
+on one machine of this kind was wrong on another). So the choice is measured where the decoder
+runs: the first `project` on a CPU head of a given shape and dtype times both forms for
+1 .. MAX_ROWS rows (`kernel_plan`; about a second for a 49,152-row head) and keeps the faster
+per row count, in
 memory and in a JSON file per machine (`$DRAFTERS_KERNEL_CACHE`, default
 `~/.cache/drafters/kernels.json`, keyed by processor, torch version, threads, dtype and shape),
 so later processes reuse it. More rows, and other devices, use `F.linear`. Values equal `head(x)`
@@ -17,6 +17,7 @@ up to float summation order (`python benchmarks/bench_lm_head.py` prints both fo
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -43,7 +44,9 @@ def project(head: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def _processor() -> str:
+@functools.cache
+def processor_name() -> str:
+    """The CPU model (from /proc/cpuinfo, read once per process)."""
     info = Path("/proc/cpuinfo")
     if info.is_file():
         for line in info.read_text().splitlines():
@@ -56,7 +59,7 @@ def _processor() -> str:
 
 def _key(weight: torch.Tensor) -> str:
     V, d = weight.shape
-    return (f"{_processor()} | torch {torch.__version__} | {torch.get_num_threads()} threads | "
+    return (f"{processor_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads | "
             f"{weight.dtype} | {V}x{d}")  # fmt: skip
 
 

@@ -256,15 +256,19 @@ def _decode_step(
             lam * hamming.double(), generator,
         )  # fmt: skip
         included = cand & valid & (own | loss_on_glanced)
-        loss_c, m_c, drafts = falcon_loss(
+        # the last pass's drafts feed only the metrics: no argmax on steps that log none
+        drafted = accuracy or c < passes
+        loss_c, m_c, *out = falcon_loss(
             pred, features, lm_head, target_logits, input_ids, loss_mask, k,
-            include=included, metric_mask=own, tag=f"_pass{c}", return_drafts=True, **common,
+            include=included, metric_mask=own, tag=f"_pass{c}", return_drafts=drafted, **common,
         )  # fmt: skip
         loss = loss + loss_c
         m[f"loss_pass{c}"] = loss_c.detach().float().mean()
         m.update({name: v for name, v in m_c.items() if name.startswith(f"acc_pass{c}")})
-        ranks.append((drafts != labels).long())
-        defined.append(included & own)  # depth metrics: own inputs only (all of cand at lam 0)
+        if drafted:
+            drafts = out[0]
+            ranks.append((drafts != labels).long())
+            defined.append(included & own)  # depth metrics: own inputs only (all at lam 0)
         if c == 2:
             d, n_all = hamming.sum(), n.sum()
             m["hamming"] = hamming.float().mean()
