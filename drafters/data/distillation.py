@@ -22,6 +22,7 @@ from drafters.data.chat import render_prompt
 from drafters.data.corpus import DistillResumeError, finalize, shard_path
 from drafters.data.engines import Engine, Request, SamplingConfig, make_engine
 from drafters.data.engines.vllm_client import VLLM_DEFAULTS
+from drafters.data.reference import publish, restore
 from drafters.data.sharegpt import Conversation, ReadStats, read_conversations
 from drafters.io_utils import write_json_atomic
 from drafters.target import Target
@@ -166,6 +167,7 @@ def run_distillation(
     shard_index: int = 0,
     num_shards: int = 1,
     engine: Engine | None = None,
+    reference_dir: str | Path | None = None,
 ) -> dict:
     """Distil `max_conversations` of `source` into `out_dir/shards`, resuming finished batches.
 
@@ -174,7 +176,8 @@ def run_distillation(
     same companions, and the merged shards are the unsharded run's, file for file. The engine
     (`cfg.backend`, unless one is passed in) starts only if a batch is left to generate; what it
     is (backend, version, dtype) is recorded in the manifest, and a resume with another is
-    refused.
+    refused. Batch files of a committed copy of the same distillation (`reference_dir`,
+    `drafters.data.reference`) are restored first, not generated again.
     """
     if not 0 <= shard_index < num_shards:
         raise ValueError(f"shard index {shard_index} is not in [0, {num_shards})")
@@ -219,6 +222,9 @@ def run_distillation(
     if old_engine:
         manifest["engine"] = old_engine
     write_json_atomic(manifest_path, manifest)
+    if reference_dir is not None and restore(reference_dir, out_dir, manifest):
+        manifest = json.loads(manifest_path.read_text())
+        old_engine = manifest.get("engine")
 
     read_stats = ReadStats()
     conversations = list(
@@ -300,8 +306,11 @@ def distill(cfg) -> dict | None:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    if cfg.stage not in ("all", "generate", "merge"):
-        raise ValueError(f"stage={cfg.stage!r}: use all, generate or merge")
+    if cfg.stage not in ("all", "generate", "merge", "publish"):
+        raise ValueError(f"stage={cfg.stage!r}: use all, generate, merge or publish")
+    reference_dir = cfg.get("reference_dir")
+    if cfg.stage == "publish":
+        return publish(cfg.out_dir, reference_dir)
     run_stats = None
     if cfg.stage in ("all", "generate"):
         gen = DistillConfig(**OmegaConf.to_container(cfg.generation, resolve=True))
@@ -317,10 +326,13 @@ def distill(cfg) -> dict | None:
             max_conversations=cfg.max_conversations,
             shard_index=int(cfg.shard.index),
             num_shards=int(cfg.shard.count),
+            reference_dir=reference_dir,
         )
         print(f"[distill] {json.dumps(run_stats)}")
     if cfg.stage == "generate":
         return None
+    if cfg.stage == "merge" and reference_dir is not None:
+        restore(reference_dir, cfg.out_dir)
     manifest = json.loads((Path(cfg.out_dir) / "manifest.json").read_text())
     partial = bool(cfg.get("merge_partial", False))
     if partial and cfg.stage != "merge":
