@@ -1,0 +1,106 @@
+"""Which precision to distil the corpus in: the same drafter trained on the same conversations
+answered by two engines (e.g. vLLM fp32 and vLLM bf16), then decoded beside the fp32 target.
+
+    python benchmarks/corpus_precision.py --batches 8 --corpora \\
+        fp32=data/distilled/smollm2_135m/train bf16=data/distilled/smollm2_135m_bf16/train \\
+        data.features=offline
+
+The corpora are two distillations of the same source with the same batches (`data/distill.py`
+with the same overrides but `target.dtype` and the engine; resumable runs, possibly unfinished).
+For each: the first --batches batch files (both must have them) are merged into
+`--out/<name>/train` (same conversations in both), the offline feature cache is built
+(`python data/cache_features.py`), `python train.py +experiment=<--experiment>` trains under the
+experiment's budget rule (early stopping and best.ckpt on val/accept_len_est), and its exported
+drafter decodes held-out ShareGPT first turns (never distilled, never trained on) with the fp32
+target beside the plain AR loop, every output checked against AR's. A bf16 corpus is only as
+good as its labels are the fp32 target's: the held-out τ against the fp32 target says what its
+~1% foreign labels cost a drafter.
+
+Resumable: merged folders, caches, trained runs and decoded results (`--out/<name>.json`) are
+kept. About an hour a corpus on one core: pin it (`taskset -c 0`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from heldout import ROOT, add_run_args, decode_heldout, start, train_run
+
+from drafters.data.corpus import finalize, shard_path
+
+
+def merge_first_batches(src: Path, dst: Path, batches: int) -> dict:
+    """`dst`: a distillation folder holding links to the first `batches` batch files of `src`,
+    merged into its dataset. Returns the merge statistics."""
+    if (dst / "stats.json").is_file():
+        return json.loads((dst / "stats.json").read_text())
+    missing = [b for b in range(batches) if not shard_path(src, b).is_file()]
+    if missing:
+        raise SystemExit(f"{src}: batch files {missing[:5]} are not distilled yet; resume it or "
+                         "lower --batches")  # fmt: skip
+    (dst / "shards").mkdir(parents=True, exist_ok=True)
+    manifest = json.loads((src / "manifest.json").read_text())
+    (dst / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    for b in range(batches):
+        link = shard_path(dst, b)
+        if not link.exists():
+            link.symlink_to(shard_path(src, b).resolve())
+    _, stats = finalize(dst, manifest["target"], partial=True)
+    return stats
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--corpora", nargs="+", required=True, help="NAME=DISTILLATION_FOLDER ...")
+    p.add_argument("--batches", type=int, default=8, help="first batch files of each corpus")
+    p.add_argument("--experiment", default="falcon_smollm2")
+    p.add_argument("--depth", type=int, default=4, help="chain depth decoded")
+    add_run_args(p, "corpus_precision")
+    args = p.parse_args()
+    target, prompts, out = start(args)
+    rows = []
+    for spec in args.corpora:
+        name, _, folder = spec.partition("=")
+        src = Path(folder)
+        result_path = out / f"{name}.json"
+        if result_path.is_file():
+            rows.append(json.loads(result_path.read_text()))
+            continue
+        merged = out / name / "train"
+        stats = merge_first_batches(src, merged, args.batches)
+        over = [f"data.dataset_dir={merged}", f"data.cache_dir={out / name / 'features'}",
+                *args.overrides]  # fmt: skip
+        if "data.features=offline" in args.overrides:
+            cmd = [sys.executable, "data/cache_features.py", f"+experiment={args.experiment}",
+                   *over]  # fmt: skip
+            print(f"[{name}] " + " ".join(cmd), flush=True)
+            subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "WANDB_MODE": "disabled"})
+        run_dir = train_run(f"precision_{name}", args.experiment, over, args.log_dir)
+        row = decode_heldout(run_dir, target, prompts, args.max_new_tokens, args.depth)
+        engine = json.loads((src / "manifest.json").read_text()).get("engine", {})
+        row.update(name=name, engine=engine, conversations=stats["conversations"],
+                   answer_tokens=stats["response_tokens"])  # fmt: skip
+        rows.append(row)
+        result_path.write_text(json.dumps(row, indent=1))
+        print(f"[precision] {json.dumps(row)}", flush=True)
+    print(f"\nFirst {args.batches} batch files of each corpus; {len(prompts)} held-out ShareGPT "
+          f"first turns, {args.max_new_tokens} new tokens, fp32 target, greedy, chain of depth "
+          f"{args.depth}, every output equal to AR's\n")  # fmt: skip
+    heads = " | ".join(f"P(a>={k})" for k in range(1, args.depth + 1))
+    print(f"| corpus | engine, dtype | conversations | answer tokens | steps | τ | {heads} |")
+    print("|---|---|---:|---:|---:|---:|" + "---:|" * args.depth)
+    for r in rows:
+        e = r["engine"]
+        depth = " | ".join(f"{x:.3f}" for x in r["accept_at_depth"])
+        print(f"| {r['name']} | {e.get('engine')} {e.get('version')}, {e.get('dtype')} "
+              f"| {r['conversations']} | {r['answer_tokens']:,} | {r['global_step']} "
+              f"| {r['tau']:.3f} | {depth} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
