@@ -54,6 +54,28 @@ def merge_first_batches(src: Path, dst: Path, batches: int) -> dict:
     return stats
 
 
+def first_answers(folder: Path, batches: int) -> dict[str, list[int]]:
+    """key -> the first answer's token ids, over the first `batches` batch files."""
+    from drafters.data.corpus import load_records
+
+    return {r["key"]: r["response_ids"][0] for r in load_records(folder, batches)
+            if r["response_ids"]}  # fmt: skip
+
+
+def agreement(a: dict[str, list[int]], b: dict[str, list[int]]) -> dict:
+    """Identical first answers and their mean common prefix (tokens), over the keys of both."""
+    keys = sorted(set(a) & set(b))
+    same, prefix = 0, 0
+    for key in keys:
+        x, y = a[key], b[key]
+        pairs = zip(x, y, strict=False)
+        n = next((i for i, (u, v) in enumerate(pairs) if u != v), min(len(x), len(y)))
+        prefix += n
+        same += x == y
+    return {"answers": len(keys), "identical": same,
+            "mean_common_prefix": round(prefix / max(len(keys), 1), 1)}  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--corpora", nargs="+", required=True, help="NAME=DISTILLATION_FOLDER ...")
@@ -63,7 +85,7 @@ def main() -> None:
     add_run_args(p, "corpus_precision")
     args = p.parse_args()
     target, prompts, out = start(args)
-    rows = []
+    rows, first = [], None
     for spec in args.corpora:
         name, _, folder = spec.partition("=")
         src = Path(folder)
@@ -85,6 +107,9 @@ def main() -> None:
         engine = json.loads((src / "manifest.json").read_text()).get("engine", {})
         row.update(name=name, engine=engine, conversations=stats["conversations"],
                    answer_tokens=stats["response_tokens"])  # fmt: skip
+        answers = first_answers(src, args.batches)
+        first = first or (name, answers)
+        row["first_answers_vs"] = {"corpus": first[0], **agreement(first[1], answers)}
         rows.append(row)
         result_path.write_text(json.dumps(row, indent=1))
         print(f"[precision] {json.dumps(row)}", flush=True)
@@ -92,14 +117,16 @@ def main() -> None:
           f"first turns, {args.max_new_tokens} new tokens, fp32 target, greedy, chain of depth "
           f"{args.depth}, every output equal to AR's\n")  # fmt: skip
     heads = " | ".join(f"P(a>={k})" for k in range(1, args.depth + 1))
-    print(f"| corpus | engine, dtype | conversations | answer tokens | steps | τ | {heads} |")
-    print("|---|---|---:|---:|---:|---:|" + "---:|" * args.depth)
+    print(f"| corpus | engine, dtype | conversations | answer tokens | first answers identical "
+          f"to {rows[0]['name']}'s (mean common prefix) | steps | τ | {heads} |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|" + "---:|" * args.depth)
     for r in rows:
-        e = r["engine"]
+        e, v = r["engine"], r["first_answers_vs"]
         depth = " | ".join(f"{x:.3f}" for x in r["accept_at_depth"])
         print(f"| {r['name']} | {e.get('engine')} {e.get('version')}, {e.get('dtype')} "
-              f"| {r['conversations']} | {r['answer_tokens']:,} | {r['global_step']} "
-              f"| {r['tau']:.3f} | {depth} |")  # fmt: skip
+              f"| {r['conversations']} | {r['answer_tokens']:,} "
+              f"| {v['identical']}/{v['answers']} ({v['mean_common_prefix']}) "
+              f"| {r['global_step']} | {r['tau']:.3f} | {depth} |")  # fmt: skip
 
 
 if __name__ == "__main__":

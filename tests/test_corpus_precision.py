@@ -31,6 +31,9 @@ def test_two_corpora_train_and_decode_on_their_common_batches(tmp_path, tiny_dis
     rows = {n: json.loads((tmp_path / "out" / f"{n}.json").read_text()) for n in "ab"}
     assert rows["a"]["conversations"] == rows["b"]["conversations"] == 16  # 2 batches of 8
     assert rows["a"]["answer_tokens"] != rows["b"]["answer_tokens"]  # other answers
+    assert rows["a"]["first_answers_vs"]["identical"] == rows["a"]["first_answers_vs"]["answers"]
+    assert rows["b"]["first_answers_vs"]["identical"] == 0  # every answer is 12 tokens, not 16
+    assert rows["b"]["first_answers_vs"]["mean_common_prefix"] == 12
     for name, row in rows.items():
         assert row["lossless"] and row["tau"] >= 1.0 and len(row["accept_at_depth"]) == 2
         assert f"| {name} | hf " in res.stdout
