@@ -1,9 +1,8 @@
 """Which precision to distil the corpus in: the same drafter trained on the same conversations
 answered by two engines (e.g. vLLM fp32 and vLLM bf16), then decoded beside the fp32 target.
 
-    python benchmarks/corpus_precision.py --batches 8 --corpora \\
-        fp32=data/distilled/smollm2_135m/train bf16=data/distilled/smollm2_135m_bf16/train \\
-        data.features=offline
+    python benchmarks/corpus_precision.py --batches 6 data.features=offline --corpora \\
+        fp32=data/distilled/smollm2_135m/train bf16=data/distilled/smollm2_135m_bf16/train
 
 The corpora are two distillations of the same source with the same batches (`data/distill.py`
 with the same overrides but `target.dtype` and the engine; resumable runs, possibly unfinished).
@@ -84,6 +83,11 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=4, help="chain depth decoded")
     add_run_args(p, "corpus_precision")
     args = p.parse_args()
+    for spec in args.corpora:  # before the target loads
+        name, _, folder = spec.partition("=")
+        if not (Path(folder) / "manifest.json").is_file():
+            p.error(f"--corpora {spec}: {folder!r} holds no distillation (no manifest.json); "
+                    "give NAME=FOLDER pairs, and train.py overrides before --corpora")  # fmt: skip
     target, prompts, out = start(args)
     rows, first = [], None
     for spec in args.corpora:
