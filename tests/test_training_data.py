@@ -79,6 +79,24 @@ def test_cache_build_resumes_and_bf16_halves_size(tmp_path, tiny, tiny_distilled
     torch.testing.assert_close(cached.float(), online[0], atol=2e-2, rtol=2e-2)
 
 
+def test_a_cache_built_in_two_parts_equals_one_built_whole(tmp_path, tiny, tiny_distilled):
+    ex = examples_of(tiny, tiny_distilled)
+    whole = build_feature_cache(tiny, ex, tmp_path / "whole", dtype="float32", shard_examples=4)
+    build_feature_cache(tiny, ex, tmp_path / "p", dtype="float32", shard_examples=4, part=(1, 2))
+    with pytest.raises(FeatureCacheError, match="lacks"):
+        FeatureCache(tmp_path / "p", tiny, ex)  # part 0 not built yet
+    build_feature_cache(tiny, ex, tmp_path / "p", dtype="float32", shard_examples=4, part=(0, 2))
+    numbers = [int(p.stem.split("-")[1]) for p in (tmp_path / "p").glob("shard-*.json")]
+    assert {n % 2 for n in numbers} == {0, 1}  # each part writes its own shard numbers
+    final = build_feature_cache(tiny, ex, tmp_path / "p", dtype="float32", shard_examples=4)
+    assert final["this_build"]["added"] == 0 and final["num_tokens"] == whole["num_tokens"]
+    a, b = FeatureCache(tmp_path / "whole", tiny, ex), FeatureCache(tmp_path / "p", tiny, ex)
+    for e in ex:
+        torch.testing.assert_close(a[e.key], b[e.key], atol=1e-5, rtol=1e-4)
+    with pytest.raises(FeatureCacheError, match="part 2/2"):
+        build_feature_cache(tiny, ex, tmp_path / "p", part=(2, 2))
+
+
 def test_cache_for_another_tokenizer_or_data_is_refused(tmp_path, tiny, tiny_distilled):
     ex = examples_of(tiny, tiny_distilled)
     build_feature_cache(tiny, ex, tmp_path / "c", dtype="float32")
@@ -187,3 +205,20 @@ def test_a_small_set_still_holds_out_one_conversation(tiny, tiny_distilled):
     dm = DistilledDataModule(str(tiny_distilled), max_length=64, val_fraction=1e-6).attach(tiny)
     dm.setup()
     assert len(dm.val_set) == 1 and len(dm.train_set) == 23
+
+
+def test_cache_features_job_takes_its_part_from_the_config(tmp_path, tiny_distilled, capsys):
+    """`python data/cache_features.py features_part=i/n` as composed by Hydra."""
+    from train_helpers import compose_config, tiny_overrides
+
+    from drafters.training.feature_cache import cache_features
+
+    over = tiny_overrides(tmp_path, tiny_distilled, "data.features=offline")
+    with pytest.raises(FeatureCacheError, match="write it i/n"):
+        cache_features(compose_config("train", [*over, "features_part=2"]))
+    first = cache_features(compose_config("train", [*over, "features_part=0/2"]))
+    assert "features 0/2" in capsys.readouterr().err
+    cache_features(compose_config("train", [*over, "features_part=1/2"]))
+    whole = cache_features(compose_config("train", over))
+    assert whole["train"]["this_build"]["added"] == 0
+    assert first["train"]["num_examples"] < whole["train"]["num_examples"]

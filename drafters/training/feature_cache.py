@@ -24,6 +24,7 @@ data.max_length changed), or a cache written before token digests, is refused, s
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import time
 from pathlib import Path
@@ -95,6 +96,13 @@ def _index(folder: Path) -> dict[str, tuple]:
     return index
 
 
+def _part_of(key: str, n_parts: int) -> int:
+    """Which of n processes building a cache together computes this example (stable: by key)."""
+    if n_parts == 1:
+        return 0
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little") % n_parts
+
+
 def _check_meta(folder: Path, meta: dict, target: Target) -> None:
     old = json.loads((folder / "meta.json").read_text())
     problem = target.identity.mismatch(old["target"], f"feature cache {folder}")
@@ -127,9 +135,17 @@ def build_feature_cache(
     dtype: str = "bfloat16",
     batch_size: int = 8,
     shard_examples: int = 256,
+    part: tuple[int, int] = (0, 1),
 ) -> dict:
     """Compute and store f for every example not cached yet (resumable, and incremental: a
-    grown corpus adds shards for its new examples only). Returns the cache's meta dict."""
+    grown corpus adds shards for its new examples only). Returns the cache's meta dict.
+
+    part=(i, n): this process computes only the examples whose key hashes to i mod n, into
+    shard numbers i mod n, so n processes (one a core) fill one folder together; any later build
+    (n = 1) finds nothing left to do and writes the complete meta."""
+    i_part, n_parts = part
+    if not 0 <= i_part < n_parts:
+        raise FeatureCacheError(f"feature cache part {i_part}/{n_parts}: use i/n with 0 <= i < n")
     if dtype not in DTYPES:
         raise FeatureCacheError(f"feature cache dtype {dtype!r}: use one of {sorted(DTYPES)}")
     folder = Path(folder)
@@ -145,13 +161,15 @@ def build_feature_cache(
             f"other tokens, e.g. {changed[0]}: another corpus, or data.max_length changed); "
             "delete it or choose another data.cache_dir"
         )
-    todo = [e for e in examples if e.key not in index]
-    free = (n for n in range(len(_shards(folder)) + len(todo) + 1) if n not in _shards(folder))
+    todo = [e for e in examples if e.key not in index and _part_of(e.key, n_parts) == i_part]
+    done = len(examples) - sum(e.key not in index for e in examples)
+    free = (s for s in itertools.count(i_part, n_parts) if s not in _shards(folder))
     torch_dtype, np_dtype = DTYPES[dtype]
     pad = target.tokenizer.pad_token_id
     t0, tokens = time.perf_counter(), 0
-    bar = tqdm(total=len(examples), unit="conv", desc="features", dynamic_ncols=True)
-    bar.update(len(examples) - len(todo))
+    desc = "features" if n_parts == 1 else f"features {i_part}/{n_parts}"
+    bar = tqdm(total=done + len(todo), unit="conv", desc=desc, dynamic_ncols=True)
+    bar.update(done)
     for lo in range(0, len(todo), shard_examples):
         part = todo[lo : lo + shard_examples]
         s = next(free)
@@ -262,6 +280,11 @@ def cache_features(cfg) -> dict:
     dm = instantiate(cfg.data, max_train_tokens=None).attach(target)
     dm.setup()
     dtype = cfg.get("features_dtype", "bfloat16")
+    part = str(cfg.get("features_part") or "0/1")
+    try:
+        i_part, n_parts = (int(x) for x in part.split("/"))
+    except ValueError:
+        raise FeatureCacheError(f"features_part={part!r}: write it i/n, e.g. 0/2") from None
     out = {}
     for split, examples in (("train", dm.train_set), ("validation", dm.val_set)):
         if examples.dropped:
@@ -269,7 +292,9 @@ def cache_features(cfg) -> dict:
                 f"[features] {split}: {examples.dropped} conversations skipped (no assistant "
                 f"token within data.max_length={dm.max_length})"
             )
-        meta = build_feature_cache(target, examples, dm.cache_folder(split), dtype=dtype)
+        meta = build_feature_cache(
+            target, examples, dm.cache_folder(split), dtype=dtype, part=(i_part, n_parts)
+        )
         out[split] = meta
         print(
             f"[features] {split}: {meta['num_examples']} examples, {meta['num_tokens']} tokens, "
