@@ -89,13 +89,13 @@ def main() -> None:
             p.error(f"--corpora {spec}: {folder!r} holds no distillation (no manifest.json); "
                     "give NAME=FOLDER pairs, and train.py overrides before --corpora")  # fmt: skip
     target, prompts, out = start(args)
-    rows, first = [], None
+    rows = []
     for spec in args.corpora:
         name, _, folder = spec.partition("=")
         src = Path(folder)
         result_path = out / f"{name}.json"
         if result_path.is_file():
-            rows.append(json.loads(result_path.read_text()))
+            rows.append({**json.loads(result_path.read_text()), "folder": str(src)})
             continue
         merged = out / name / "train"
         stats = merge_first_batches(src, merged, args.batches)
@@ -111,12 +111,12 @@ def main() -> None:
         engine = json.loads((src / "manifest.json").read_text()).get("engine", {})
         row.update(name=name, engine=engine, conversations=stats["conversations"],
                    answer_tokens=stats["response_tokens"])  # fmt: skip
-        answers = first_answers(src, args.batches)
-        first = first or (name, answers)
-        row["first_answers_vs"] = {"corpus": first[0], **agreement(first[1], answers)}
-        rows.append(row)
         result_path.write_text(json.dumps(row, indent=1))
+        rows.append({**row, "folder": str(src)})
         print(f"[precision] {json.dumps(row)}", flush=True)
+    first = first_answers(Path(rows[0]["folder"]), args.batches)
+    for r in rows:  # the first corpus is the reference the others are compared with
+        r["first_answers_vs"] = agreement(first, first_answers(Path(r["folder"]), args.batches))
     print(f"\nFirst {args.batches} batch files of each corpus; {len(prompts)} held-out ShareGPT "
           f"first turns, {args.max_new_tokens} new tokens, fp32 target, greedy, chain of depth "
           f"{args.depth}, every output equal to AR's\n")  # fmt: skip

@@ -190,3 +190,31 @@ def test_bench_resumes_and_shards(tmp_path, capsys):
         bench_main([*argv[:5], "9", *argv[6:]])
     assert bench_main(["--merge", "--out", str(out)]) == 0
     assert "| ar | all | 4 |" in capsys.readouterr().out
+
+
+def test_outputs_that_leave_the_baseline_are_reported_where_they_leave_it():
+    """bf16 (or any dtype but fp32): agreement with the same-dtype baseline is measured per
+    turn and listed, and the column does not say "lossless"."""
+    from drafters.eval.bench import first_divergence, mark_lossless
+    from drafters.eval.report import divergences, markdown, summarize
+
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 4], [1, 2, 3]) == 2
+    assert first_divergence([1, 2], [1, 2, 3]) == 2  # stopped early: leaves where it ends
+
+    def record(method, *turns):
+        return {"question_id": 7, "category": "writing", "method": method, "new_tokens": 6,
+                "seconds": 1.0, "tokens_per_s": 6.0,
+                "turns": [{"new_tokens": len(t), "_ids": list(t)} for t in turns]}  # fmt: skip
+
+    records = [record("hf_greedy", [1, 2, 3], [4, 5, 6]), record("x", [1, 2, 3], [4, 9, 6])]
+    mark_lossless(records)
+    assert [t["first_divergence"] for t in records[1]["turns"]] == [None, 1]
+    assert records[1]["lossless"] is False and "_ids" not in records[1]["turns"][0]
+    listed = divergences(records, "hf_greedy")
+    assert "| x | 7 | 2 | 1 | 3 |" in listed and "| x | 7 | 1 |" not in listed
+    rows = summarize(records, ["hf_greedy", "x"], "hf_greedy")
+    settings = {"bench": "b", "questions": 1, "turns": 2, "max_new_tokens": 3, "threads": 2,
+                "target": {"name": "t"}, "dtype": "bfloat16", "device": "cpu"}  # fmt: skip
+    assert "| same as hf_greedy (bfloat16) |" in markdown(rows, settings)
+    assert "| lossless |" in markdown(rows, {**settings, "dtype": "float32"})

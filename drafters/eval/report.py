@@ -6,7 +6,10 @@ Definitions (docs/design.md section 6), over the questions of one category (or a
     alpha     = sum accepted draft tokens / sum new tokens
     tok/s     = mean over questions of (new tokens / seconds), a question's turns pooled
     speedup   = tok/s / the baseline's tok/s on the same questions (Spec-Bench)
-    lossless  = questions whose every turn equals the baseline's output, of all questions
+    lossless  = questions whose every turn equals the baseline's output, of all questions;
+                in another dtype than float32 the column says "same as <baseline> (<dtype>)",
+                and the report lists where each other output first leaves the baseline's
+                (`divergences`): agreement measured, never assumed
     tau_by_phase = Falcon drafters: {"r": {"steps", "tokens", "tau"}} for r = 0 .. k-1, the
                 verification forwards whose root t_N has N mod k == r, the new tokens they kept
                 and tau = tokens / steps (None without steps), pooled; None for other methods.
@@ -96,6 +99,32 @@ def _phase_cell(phases: dict | None) -> str:
     return " / ".join(f"{r}: {fmt(p['tau'], '.2f')}" for r, p in phases.items())
 
 
+def agreement_header(settings: dict) -> str:
+    """`lossless` in float32 (the strict reference); elsewhere what was checked: the same tokens
+    as the baseline in the same dtype, which rounding with other row counts can break."""
+    dtype = settings.get("dtype", "float32")
+    return "lossless" if dtype == "float32" else f"same as hf_greedy ({dtype})"
+
+
+def divergences(records: list[dict], baseline: str) -> str:
+    """Every turn whose output is not the baseline's: method, question, turn, the first token
+    where it differs of the new tokens; '' when none differs."""
+    lines = []
+    for r in records:
+        if r["method"] == baseline:
+            continue
+        for i, t in enumerate(r["turns"]):
+            if t.get("lossless") is False:
+                where = t.get("first_divergence")
+                lines.append(f"| {r['method']} | {r['question_id']} | {i + 1} | "
+                             f"{fmt(where, 'd')} | {t['new_tokens']} |")  # fmt: skip
+    if not lines:
+        return ""
+    head = ["| method | question | turn | first differing token | new tokens |",
+            "|---|---|---:|---:|---:|"]  # fmt: skip
+    return "\n".join([f"Outputs that differ from {baseline}'s:", "", *head, *lines])
+
+
 def markdown(rows: list[dict], settings: dict) -> str:
     """The summary table; with a column "τ by N mod k" when some row has `tau_by_phase`."""
     phases = any(r["tau_by_phase"] is not None for r in rows)
@@ -108,7 +137,7 @@ def markdown(rows: list[dict], settings: dict) -> str:
     lines = [
         head,
         "",
-        "| method | category | prompts | τ | α | tok/s | speedup | lossless |"
+        f"| method | category | prompts | τ | α | tok/s | speedup | {agreement_header(settings)} |"
         + (" τ by N mod k |" if phases else ""),
         "|---|---|---:|---:|---:|---:|---:|---|" + ("---|" if phases else ""),
     ]
@@ -219,6 +248,8 @@ def write_reports(
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(records, list(methods), baseline)
     md = markdown(rows, settings)
+    diff = divergences(records, baseline)
+    md = md + ("\n\n" + diff if diff else "")
     result = {"settings": settings, "methods": methods, "summary": rows, "records": records}
     (out / "results.json").write_text(json.dumps(result, indent=1))
     (out / "results.md").write_text(md + "\n")
