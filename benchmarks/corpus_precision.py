@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from heldout import ROOT, add_run_args, decode_heldout, start, train_run
+from heldout import ROOT, add_run_args, decode_heldout, heldout_depths, start, train_run
 
 from drafters.data.corpus import finalize, shard_path
 
@@ -81,6 +81,8 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=8, help="first batch files of each corpus")
     p.add_argument("--experiment", default="falcon_smollm2")
     p.add_argument("--depth", type=int, default=4, help="chain depth decoded")
+    p.add_argument("--max-length", type=int, default=512, help="as the training runs")
+    p.add_argument("--val-fraction", type=float, default=0.05, help="as the training runs")
     add_run_args(p, "corpus_precision")
     args = p.parse_args()
     for spec in args.corpora:  # before the target loads
@@ -114,23 +116,33 @@ def main() -> None:
         result_path.write_text(json.dumps(row, indent=1))
         rows.append({**row, "folder": str(src)})
         print(f"[precision] {json.dumps(row)}", flush=True)
+    # the first corpus is the reference the others are compared with: its answers, and the
+    # per-depth rates of every drafter on its held-out conversations (offline cache only)
     first = first_answers(Path(rows[0]["folder"]), args.batches)
-    for r in rows:  # the first corpus is the reference the others are compared with
+    ref = out / rows[0]["name"]
+    for r in rows:
         r["first_answers_vs"] = agreement(first, first_answers(Path(r["folder"]), args.batches))
+        r["ref_rates"] = (
+            heldout_depths(Path(args.log_dir) / "train" / r["run"], target, ref / "train",
+                           ref / "features", args.max_length, args.val_fraction)
+            if (ref / "features" / "validation" / "meta.json").is_file() else None
+        )  # fmt: skip
     print(f"\nFirst {args.batches} batch files of each corpus; {len(prompts)} held-out ShareGPT "
           f"first turns, {args.max_new_tokens} new tokens, fp32 target, greedy, chain of depth "
           f"{args.depth}, every output equal to AR's\n")  # fmt: skip
     heads = " | ".join(f"P(a>={k})" for k in range(1, args.depth + 1))
     print(f"| corpus | engine, dtype | conversations | answer tokens | first answers identical "
-          f"to {rows[0]['name']}'s (mean common prefix) | steps | τ | {heads} |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|" + "---:|" * args.depth)
+          f"to {rows[0]['name']}'s (mean common prefix) | steps | τ | {heads} "
+          f"| top-1 rate per depth on {rows[0]['name']}'s held-out answers |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|" + "---:|" * args.depth + "---|")
     for r in rows:
         e, v = r["engine"], r["first_answers_vs"]
         depth = " | ".join(f"{x:.3f}" for x in r["accept_at_depth"])
+        rates = " ".join(f"{x:.3f}" for x in r["ref_rates"]) if r["ref_rates"] else "-"
         print(f"| {r['name']} | {e.get('engine')} {e.get('version')}, {e.get('dtype')} "
               f"| {r['conversations']} | {r['answer_tokens']:,} "
               f"| {v['identical']}/{v['answers']} ({v['mean_common_prefix']}) "
-              f"| {r['global_step']} | {r['tau']:.3f} | {depth} |")  # fmt: skip
+              f"| {r['global_step']} | {r['tau']:.3f} | {depth} | {rates} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from heldout import ROOT, add_run_args, decode_heldout, start, train_run
+from heldout import ROOT, add_run_args, decode_heldout, heldout_depths, start, train_run
 
 RUNS: dict[str, list[str]] = {}
 for _k in (2, 3):
@@ -38,18 +37,6 @@ for _k in (2, 3):
     RUNS[f"paper_k{_k}"] = [*_base, "drafter.csgd.variant=paper"]
     RUNS[f"decode_k{_k}"] = [*_base, "drafter.csgd.variant=decode"]
     RUNS[f"decode_k{_k}_reversed"] = [*_base, "drafter.model.assignment=reversed"]
-
-
-def heldout_depths(run_dir: Path, target, args) -> list[float]:
-    """Decode-faithful per-depth top-1 rates of the run's drafter on the validation split."""
-    from drafters.eval.tune import heldout_batches, topk_accuracy
-    from drafters.export import load_drafter
-
-    d = load_drafter(run_dir / "drafter", target)
-    batches = heldout_batches(target, args.dataset_dir, args.cache_dir, args.max_length,
-                              args.val_fraction)  # fmt: skip
-    acc, _ = topk_accuracy(d, target, batches, topk=1)
-    return [round(row[0], 4) for row in acc]
 
 
 def main() -> None:
@@ -74,7 +61,9 @@ def main() -> None:
         run_dir = train_run(f"ablation_{name}_{args.tokens}", "falcon_smollm2", over, args.log_dir)
         k = int(RUNS[name][0].rsplit("=", 1)[1])
         row = decode_heldout(run_dir, target, prompts, args.max_new_tokens, 2 * k)
-        row.update(name=name, k=k, depth_rates=heldout_depths(run_dir, target, args))
+        rates = heldout_depths(run_dir, target, args.dataset_dir, args.cache_dir,
+                               args.max_length, args.val_fraction)  # fmt: skip
+        row.update(name=name, k=k, depth_rates=rates)
         rows.append(row)
         result_path.write_text(json.dumps(row, indent=1))
         print(f"[ablation] {json.dumps(row)}", flush=True)

@@ -83,6 +83,21 @@ def decode_heldout(
     }
 
 
+def heldout_depths(
+    run_dir: Path, target, dataset_dir, cache_dir, max_length: int, val_fraction: float
+) -> list[float]:
+    """Per-depth top-1 rates of the run's drafter on the validation split of a distilled corpus
+    (its offline feature cache): heads, P(head d right); Falcon, as decoded, P(depth d right |
+    the depths above right)."""
+    from drafters.eval.tune import heldout_batches, topk_accuracy
+    from drafters.export import load_drafter
+
+    d = load_drafter(run_dir / "drafter", target)
+    batches = heldout_batches(target, str(dataset_dir), str(cache_dir), max_length, val_fraction)
+    acc, _ = topk_accuracy(d, target, batches, topk=1)
+    return [round(row[0], 4) for row in acc]
+
+
 def heldout_prompts(target, n: int) -> list[dict]:
     """The first n held-out ShareGPT first turns (at most 1024 prompt tokens)."""
     from drafters.eval.tune import validation_prompts

@@ -22,7 +22,8 @@ def test_two_corpora_train_and_decode_on_their_common_batches(tmp_path, tiny_dis
     cmd = [
         sys.executable, "benchmarks/corpus_precision.py", "--corpora", f"a={tiny_distilled}",
         f"b={other}", "--batches", "2", "--prompts", "2", "--max-new-tokens", "12",
-        "--target", "tiny", "--depth", "2", "--log-dir", str(tmp_path / "logs"),
+        "--target", "tiny", "--depth", "2", "--val-fraction", "0.25", "--max-length", "64",
+        "--log-dir", str(tmp_path / "logs"),
         "--out", str(tmp_path / "out"), *over, "drafter.model.draft_vocab_size=64",
         "data.features=offline",
     ]  # fmt: skip
@@ -35,6 +36,9 @@ def test_two_corpora_train_and_decode_on_their_common_batches(tmp_path, tiny_dis
              if line.startswith(("| a |", "| b |"))}  # fmt: skip
     assert table["a"][4] == "16/16 (16.0)"  # the first corpus is the one compared with
     assert table["b"][4] == "0/16 (12.0)"  # every answer cut at 12 tokens, the same 12 first
+    for name in "ab":  # both drafters rated on a's held-out answers, per depth
+        rates = table[name][-1].strip(" |").split()
+        assert len(rates) == 2 * 2 and all(0 <= float(x) <= 1 for x in rates)  # Falcon k=2
     for name, row in rows.items():
         assert row["lossless"] and row["tau"] >= 1.0 and len(row["accept_at_depth"]) == 2
         assert f"| {name} | hf " in res.stdout
