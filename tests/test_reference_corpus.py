@@ -26,6 +26,9 @@ def test_published_corpus_restores_to_the_same_dataset_without_generating(
     summary = publish(tmp_path / "made", tmp_path / "ref")
     assert summary["batch_files"] == summary["batch_files_total"] == 3
     assert summary["conversations"] == 7 and summary["answer_tokens"] > 0
+    from drafters.machine import describe
+
+    assert summary["batch_files_by_machine"] == {describe(): 3}  # each batch file says where
     assert sorted(p.name for p in (tmp_path / "ref").glob("batch-*")) == [
         f"batch-{b:06d}.json.xz" for b in range(3)
     ]

@@ -25,6 +25,7 @@ from drafters.data.engines.vllm_client import VLLM_DEFAULTS
 from drafters.data.reference import publish, restore
 from drafters.data.sharegpt import Conversation, ReadStats, read_conversations
 from drafters.io_utils import write_json_atomic
+from drafters.machine import describe
 from drafters.target import Target
 from drafters.target_identity import TargetIdentity
 
@@ -276,7 +277,10 @@ def run_distillation(
                 engine, target.tokenizer, batches[b], cfg, target.eos_token_ids
             )
             keys = [c.key for c in batches[b]]
-            write_json_atomic(shard_path(out_dir, b), {"keys": keys, "records": records})
+            made_on = describe()  # fp32 kernels, hence answers, may differ between processors
+            write_json_atomic(
+                shard_path(out_dir, b), {"keys": keys, "made_on": made_on, "records": records}
+            )
             new_tokens += sum(len(ids) for r in records for ids in r["response_ids"])
             bar.update(len(batches[b]))
             bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - t0):.1f}")

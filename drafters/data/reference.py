@@ -63,8 +63,12 @@ def publish(out_dir: str | Path, ref_dir: str | Path) -> dict:
 def _summary(ref_dir: Path, manifest: dict) -> dict:
     shards = ref_shards(ref_dir)
     tokens = answers = conversations = 0
+    made_on: dict[str, int] = {}
     for path in shards.values():
-        for r in json.loads(lzma.decompress(path.read_bytes()))["records"]:
+        shard = json.loads(lzma.decompress(path.read_bytes()))
+        machine = shard.get("made_on", "not recorded")
+        made_on[machine] = made_on.get(machine, 0) + 1
+        for r in shard["records"]:
             conversations += 1
             answers += len(r["response_ids"])
             tokens += sum(len(ids) for ids in r["response_ids"])
@@ -75,6 +79,7 @@ def _summary(ref_dir: Path, manifest: dict) -> dict:
         "answers": answers,
         "answer_tokens": tokens,
         "bytes": sum(p.stat().st_size for p in shards.values()),
+        "batch_files_by_machine": made_on,
     }
 
 

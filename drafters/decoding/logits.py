@@ -17,7 +17,6 @@ up to float summation order (`python benchmarks/bench_lm_head.py` prints both fo
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import statistics
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from drafters.machine import processor_name
 
 MAX_ROWS = 16  # row counts measured; the decoders project 1 .. ~16 positions a call
 _PLANS: dict[str, tuple[bool, ...]] = {}  # key -> use W @ x.T for rows 1..MAX_ROWS
@@ -42,19 +43,6 @@ def project(head: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if head.bias is not None:
         out = out + head.bias
     return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-@functools.cache
-def processor_name() -> str:
-    """The CPU model (from /proc/cpuinfo, read once per process)."""
-    info = Path("/proc/cpuinfo")
-    if info.is_file():
-        for line in info.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def _key(weight: torch.Tensor) -> str:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import random
 import sys
 from collections import Counter
@@ -50,6 +49,7 @@ import torch
 from tqdm import tqdm
 
 from drafters.eval.records import BASELINE, RecordStore, merge
+from drafters.machine import describe
 
 MT_BENCH_CATEGORIES = (
     "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
@@ -341,7 +341,7 @@ def run(args) -> dict:
         "device": str(target.device),
         "dtype": str(target.dtype).replace("torch.", ""),
         "target": target.identity.to_dict(),
-        "machine": platform.processor() or platform.machine(),
+        "machine": describe(),
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "timing": "generation only (prefill + decoding); gate cost ratio measured untimed",
