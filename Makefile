@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.drafters-installed
 
-.PHONY: setup setup-vllm corpus demo test lint clean-data results
+.PHONY: setup setup-vllm corpus corpus-publish demo test lint clean-data results
 
 setup: $(STAMP)
 
@@ -62,11 +62,22 @@ demo: setup
 
 # The reference corpus of the embedded target: every ShareGPT training conversation, up to 2
 # user turns, 512 new tokens (every answer that ends, ends well before; the rest loop), vLLM in
-# fp32. Many hours on one core (README: Measured); resumable (re-run the same command). To use the
-# second core too, run shard.index=0 shard.count=2 stage=generate and shard.index=1 beside it.
+# fp32 (bf16 measured worse: README, Measured). SHARDS engines, one a core, then the merge.
+# Batch files committed in data/reference/ are restored, not distilled again; the rest take
+# hours (README: Measured). Resumable: re-run the same command. corpus-publish copies the
+# finished batch files into data/reference/ to commit.
+CORPUS := generation.backend=vllm max_conversations=null generation.max_new_tokens=512 \
+	generation.batch_size=32 generation.batch_conversations=128
+SHARDS ?= $(shell nproc)
 corpus: setup setup-vllm
-	$(PY) data/distill.py generation.backend=vllm max_conversations=null \
-		generation.max_new_tokens=512 generation.batch_size=32 generation.batch_conversations=128
+	pids=; for i in $$(seq 0 $$(($(SHARDS) - 1))); do \
+		OMP_NUM_THREADS=1 taskset -c $$i $(PY) data/distill.py $(CORPUS) shard.index=$$i \
+			shard.count=$(SHARDS) stage=generate & pids="$$pids $$!"; \
+	done; for p in $$pids; do wait $$p || exit 1; done
+	$(PY) data/distill.py $(CORPUS) stage=merge
+
+corpus-publish: setup
+	$(PY) data/distill.py $(CORPUS) stage=publish
 
 # The reference results (docs/results.md): distil, train 5 drafters, export, tune, benchmark,
 # report. Hours on a 2-core CPU; re-running resumes (benchmarks/results.sh says how).
