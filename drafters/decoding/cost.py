@@ -105,6 +105,18 @@ def forward_cost_profile(
     return [t / times[0] for t in times]
 
 
+_PROFILES: dict[tuple, list[float]] = {}
+
+
+def cost_profile(target: Target, max_rows: int) -> list[float]:
+    """`forward_cost_profile(target, max_rows)`, measured once per target, row count and thread
+    count in this process (a few seconds for SmolLM2 on one core)."""
+    key = (id(target), max_rows, torch.get_num_threads(), str(target.dtype))
+    if key not in _PROFILES:
+        _PROFILES[key] = forward_cost_profile(target, max_rows)
+    return _PROFILES[key]
+
+
 def snap_sizes(profile: list[float], sizes: list[int], step: float = 0.1) -> list[int]:
     """Tree sizes (nodes) moved to just below a cost step of `profile` (t(n) / t(1) by rows n):
     a size of s nodes (s + 1 rows) grows to the last row count before the next step (a rise of

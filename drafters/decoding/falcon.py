@@ -252,7 +252,8 @@ def decode_falcon(
             tokens, step_layout = draft_tree(plan, ctx, first, root, head), layout
         ctx.truncate()
         v = verify_tree(target, cache, tokens, step_layout)
-        gen.step(v.accepted + [v.bonus], drafted=len(v.accepted), tree=first is not None)
+        gen.step(v.accepted + [v.bonus], drafted=len(v.accepted), tree=first is not None,
+                 nodes=len(tokens) - 1)  # fmt: skip
         f = v.features  # (1, a + 1, d) at the root and the accepted nodes
         next_tokens = torch.tensor([v.accepted + [v.bonus]], device=device)
         root = v.bonus

@@ -118,7 +118,7 @@ def decode_heads(
             heads = head_logits(drafter, f, target.lm_head, tree.depth)  # (depth, V or V_d)
             tokens = tree.candidates(root, heads, token_ids)  # (n,) root + draft nodes
             v = verify_tree(target, cache, tokens, layout)
-            gen.step(v.accepted + [v.bonus], drafted=len(v.accepted), tree=True)
+            gen.step(v.accepted + [v.bonus], drafted=len(v.accepted), tree=True, nodes=len(tree))
             f, logits = v.features[:, -1:], v.logits  # (1, 1, d), (1, 1, V)
             root = torch.tensor([[v.bonus]], device=target.device)
         else:

@@ -37,6 +37,7 @@ class DecodeResult:
     prompt_len: int
     accept_lens: list[int]  # per verification forward: draft tokens accepted and kept (AR: 0)
     step_positions: list[int]  # per verification forward: N, the index of its root t_N
+    step_nodes: list[int]  # per verification forward: the draft nodes it verified (AR: 0)
     tree_steps: int
     ar_steps: int
     wall_time_s: float  # prefill + decoding, device synchronised
@@ -125,6 +126,7 @@ class Generation:
         self.tokens: list[int] = []
         self.accept_lens: list[int] = []
         self.step_positions: list[int] = []
+        self.step_nodes: list[int] = []
         self.tree_steps = self.ar_steps = 0
         self.ended_by_eos = False
         self.start = sync_clock(input_ids.device)
@@ -147,11 +149,12 @@ class Generation:
             self.stream(self.tokens[-kept:])
         return kept
 
-    def step(self, tokens: list[int], drafted: int, tree: bool) -> None:
-        """Record one verification forward that produced `drafted` accepted draft tokens
-        followed by a bonus token (`tokens`), from the root t_N, N = the index of the last
-        token emitted so far."""
+    def step(self, tokens: list[int], drafted: int, tree: bool, nodes: int = 0) -> None:
+        """Record one verification forward of `nodes` draft nodes that produced `drafted`
+        accepted draft tokens followed by a bonus token (`tokens`), from the root t_N,
+        N = the index of the last token emitted so far."""
         self.step_positions.append(self.input_ids.shape[1] + len(self.tokens) - 1)
+        self.step_nodes.append(nodes)
         kept = self.emit(tokens)
         self.accept_lens.append(min(drafted, kept))
         self.tree_steps += tree
@@ -165,6 +168,7 @@ class Generation:
             prompt_len=self.input_ids.shape[1],
             accept_lens=self.accept_lens,
             step_positions=self.step_positions,
+            step_nodes=self.step_nodes,
             tree_steps=self.tree_steps,
             ar_steps=self.ar_steps,
             wall_time_s=wall,
