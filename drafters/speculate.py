@@ -4,25 +4,34 @@
 
 Head drafters (Medusa, Cerberus) go to `drafters.decoding.decode_heads` with their static tree
 and, optionally, a gate; Falcon goes to `drafters.decoding.falcon.decode_falcon` with its tree
-spec. Every path is greedy and lossless: the output equals the target's plain greedy output.
+spec. The budget gates, for every kind, go to `drafters.decoding.dynamic.decode_dynamic`: a tree
+built each step from the drafter's confidence and sized by the machine's measured step cost
+("budget"), with n-gram candidates merged in ("hybrid"). Every path is greedy and lossless:
+the output equals the target's plain greedy output.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from drafters.decoding import DecodeResult, decode_heads, get_tree, measure_cost_ratio
+from drafters.decoding.dynamic import DynamicConfig, decode_dynamic
 from drafters.decoding.falcon import decode_falcon
 from drafters.decoding.heads import draft_token_ids, head_logits
 from drafters.export import LoadedDrafter
 from drafters.models import HEAD_KINDS
 from drafters.target import Target
 
+BUDGET_GATES = ("budget", "hybrid")  # dynamic trees: any drafter kind
+
 
 def has_gate(drafter: LoadedDrafter, gate: Any) -> bool:
+    if gate in BUDGET_GATES:
+        return True
     return drafter.get_gate(gate) is not None if isinstance(gate, str | None) else True
 
 
@@ -53,17 +62,25 @@ def speculative_decode(
     tree: Any = None,
     cost_ratio: float | None = None,
     stream: Callable[[list[int]], None] | None = None,
+    dynamic: DynamicConfig | None = None,
 ) -> DecodeResult:
     """Greedy speculative decoding of input_ids (1, T) with an exported drafter.
 
     gate: "default" (the drafter's own, config.json gate.default), "none"/None, "entropy",
-    "learned", or any object with `expected_accept(f, logits)`. Head drafters only.
+    "learned", or any object with `expected_accept(f, logits)` (head drafters); "budget" (a
+    dynamic tree sized per step by cost, `tree` unused) or "hybrid" (the same with n-gram
+    candidates), any drafter; `dynamic` sets their options (`DynamicConfig`).
     tree: None (the drafter's exported tree) or a spec for the decoder (a preset name,
     `chain<K>`, a list of paths; Falcon: what `decode_falcon` accepts).
     cost_ratio: c_tree / c_ar for a gated decode (None: measured by the decoder on this prompt).
     stream: called with the new tokens of each step as they are accepted (e.g. a
     `transformers.TextStreamer`'s put, as `drafters-generate --stream` does).
     """
+    if gate in BUDGET_GATES:
+        cfg = dynamic or DynamicConfig()
+        cfg = replace(cfg, ngram=0) if gate == "budget" else cfg
+        return decode_dynamic(target, drafter.model, input_ids, max_new_tokens, cfg,
+                              stream=stream)  # fmt: skip
     if drafter.kind in HEAD_KINDS:
         g = drafter.get_gate(gate) if isinstance(gate, str | None) else gate
         return decode_heads(

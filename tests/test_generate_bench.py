@@ -46,14 +46,15 @@ def test_bench_on_the_tiny_target(tmp_path, tiny_exported, capsys):
         "--turns", "2",
         "--max-new-tokens", "16",
         "--threads", "1",
-        "--methods", "hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit",
+        "--methods", "hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit", "ngram",
         "--prompt-lookup", "3",
         "--early-exit-layer", "1",
         "--gates", "none", "default", "entropy",
         "--out", str(out),
     ]  # fmt: skip
-    for k in kinds:  # medusa: its own gate list, without the global --gates' entropy
-        argv += ["--drafter", str(tiny_exported[k]) + ("@none" if k == "medusa" else "")]
+    own = {"medusa": "@none,budget", "falcon": "@none,hybrid"}  # their own gate lists
+    for k in kinds:
+        argv += ["--drafter", str(tiny_exported[k]) + own.get(k, "")]
     assert bench_main(argv) == 0
     printed = capsys.readouterr().out
     assert "| method | category |" in printed and "cerberus_tiny+learned" in printed
@@ -62,9 +63,9 @@ def test_bench_on_the_tiny_target(tmp_path, tiny_exported, capsys):
         assert (out / f).stat().st_size > 0, f
     assert (out / "speedup_by_category.png").read_bytes()[:4] == b"\x89PNG"
     res = json.loads((out / "results.json").read_text())
-    methods = ["hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit", "medusa_tiny"]
-    methods += ["cerberus_tiny", "cerberus_tiny+learned"]
-    methods += ["cerberus_tiny+entropy", "falcon_tiny"]
+    methods = ["hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit", "ngram", "medusa_tiny"]
+    methods += ["medusa_tiny+budget", "cerberus_tiny", "cerberus_tiny+learned"]
+    methods += ["cerberus_tiny+entropy", "falcon_tiny", "falcon_tiny+hybrid"]
     assert list(res["methods"]) == methods
     assert res["settings"]["threads"] == 1 and res["settings"]["questions"] == 2
     rows = {(r["method"], r["category"]): r for r in res["summary"]}
@@ -77,6 +78,12 @@ def test_bench_on_the_tiny_target(tmp_path, tiny_exported, capsys):
     for m in methods[4:]:
         r = rows[m, "all"]
         assert r["tau"] >= 1.0 and 0.0 <= r["alpha"] < 1.0 and r["speedup"] > 0
+    # every turn says how many draft nodes each step verified; budget gates vary it
+    for r in res["records"]:
+        for t in r["turns"]:
+            if r["method"].startswith(("hf_", "ar")):
+                continue
+            assert sum(t["nodes_hist"]) == t["verify_forwards"]
     assert len(res["records"]) == 2 * len(methods)
     rec = next(r for r in res["records"] if r["method"] == "cerberus_tiny+learned")
     assert len(rec["turns"]) == 2 and "cost_ratio" in rec["turns"][0]
@@ -90,7 +97,7 @@ def test_bench_on_the_tiny_target(tmp_path, tiny_exported, capsys):
     turns = [t for r in res["records"] if r["method"] == "falcon_tiny" for t in r["turns"]]
     assert sum(p["steps"] for p in phases.values()) == sum(t["verify_forwards"] for t in turns)
     assert sum(p["tokens"] for p in phases.values()) == sum(t["new_tokens"] - 1 for t in turns)
-    assert all(rows[m, "all"]["tau_by_phase"] is None for m in methods[:-1])
+    assert all(rows[m, "all"]["tau_by_phase"] is None for m in methods[:-2])
     assert "τ by N mod k |" in printed and "| 0: " in printed
 
 
@@ -218,3 +225,21 @@ def test_outputs_that_leave_the_baseline_are_reported_where_they_leave_it():
                 "target": {"name": "t"}, "dtype": "bfloat16", "device": "cpu"}  # fmt: skip
     assert "| same as hf_greedy (bfloat16) |" in markdown(rows, settings)
     assert "| lossless |" in markdown(rows, {**settings, "dtype": "float32"})
+
+
+@pytest.mark.parametrize("kind, gate", [("falcon", "hybrid"), ("medusa", "budget")])
+def test_generate_with_a_budget_gate_equals_plain_greedy(tiny_exported, kind, gate):
+    from drafters.decoding import decode_ar
+    from drafters.export import load_drafter
+    from drafters.speculate import speculative_decode
+    from drafters.testing import tiny_target
+
+    target = tiny_target(seed=0)
+    drafter = load_drafter(tiny_exported[kind], target)
+    ids = target.tokenizer("Tell me about topic number 3.", return_tensors="pt").input_ids
+    res = speculative_decode(target, drafter, ids, 24, gate=gate)
+    assert torch.equal(res.sequences, decode_ar(target, ids, 24).sequences)
+    cmd = [sys.executable, "-m", "drafters.cli", "generate", "--drafter", str(tiny_exported[kind]),
+           "--prompt", "Hi", "--max-new-tokens", "8", "--threads", "1", "--gate", gate]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0 and f"gate {gate}" in out.stdout, out.stderr[-2000:]

@@ -13,9 +13,12 @@ order, the second turn's prompt holding the method's own first answer (Spec-Benc
 
 Methods (each optional): hf_greedy (the baseline: HF `generate(do_sample=False)` with its KV
 cache), ar (the in-house AR loop), hf_prompt_lookup (`prompt_lookup_num_tokens`), hf_early_exit
-(`assistant_early_exit`), and per `--drafter FOLDER` the method `<folder>` (no gate) and
-`<folder>+<gate>` for each gate asked for with `--gates` (head drafters), or with
-`--drafter FOLDER@none,entropy` for that drafter alone.
+(`assistant_early_exit`), ngram (n-gram candidates through the in-house verifier, sized per step
+by cost), and per `--drafter FOLDER` the method `<folder>` (no gate) and `<folder>+<gate>` for
+each gate asked for with `--gates` (entropy, learned: head drafters; budget, hybrid: a dynamic
+tree sized per step, with n-gram candidates for hybrid, every drafter), or with
+`--drafter FOLDER@none,entropy` for that drafter alone. Every turn records how many draft nodes
+each step verified (`nodes_hist`).
 
 Reported per method and category (and "all"): tau (new tokens per target verification forward,
 bonus included, pooled over all turns; "-" for HF methods, whose forwards are not counted),
@@ -54,8 +57,8 @@ from drafters.machine import describe
 MT_BENCH_CATEGORIES = (
     "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
 )  # fmt: skip
-BUILTIN_METHODS = ("hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit")
-GATE_CHOICES = ("none", "default", "entropy", "learned")
+BUILTIN_METHODS = ("hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit", "ngram")
+GATE_CHOICES = ("none", "default", "entropy", "learned", "budget", "hybrid")
 # MT-Bench and Spec-Bench, shipped inside the package (prompts/README.md: sources, licences)
 EVAL_DIR = Path(__file__).resolve().parent / "prompts"
 
@@ -136,6 +139,25 @@ def hf_method(target, name: str, **generate_kwargs) -> Method:
     return Method(name, "hf", generate, dict(generate_kwargs))
 
 
+def ngram_method(target) -> Method:
+    """n-gram candidates only (prompt lookup) through the in-house verifier, sized per step by
+    cost like the budget gate (`drafters.decoding.dynamic`)."""
+    from drafters.decoding.cost import cost_profile
+    from drafters.decoding.dynamic import DynamicConfig, decode_dynamic
+
+    cfg = DynamicConfig()
+
+    def before(ids: torch.Tensor) -> dict:
+        cost_profile(target, cfg.max_nodes + 1)  # measured once, untimed
+        return {}
+
+    def generate(ids: torch.Tensor, n: int) -> tuple[list[int], dict]:
+        res = decode_dynamic(target, None, ids, n, cfg)
+        return res.output_ids.tolist(), _decode_stats(res)
+
+    return Method("ngram", "ngram", generate, {"max_nodes": cfg.max_nodes}, before)
+
+
 def ar_method(target) -> Method:
     from drafters.decoding import decode_ar
 
@@ -148,13 +170,19 @@ def ar_method(target) -> Method:
 
 def drafter_method(target, drafter, gate: str | None, name: str, tree=None) -> Method:
     """tree: None (the exported one) or a list of paths overriding it (e.g. tuning sweeps)."""
-    from drafters.speculate import cost_ratio, speculative_decode
+    from drafters.speculate import BUDGET_GATES, cost_ratio, speculative_decode
 
     state: dict = {}
     phase_k = drafter.model.cfg.k if drafter.kind == "falcon" else None  # tau by N mod k
 
     def before(ids: torch.Tensor) -> dict:
         if gate is None:
+            return {}
+        if gate in BUDGET_GATES:  # the step cost profile, measured once per run, untimed
+            from drafters.decoding.cost import cost_profile
+            from drafters.decoding.dynamic import DynamicConfig
+
+            cost_profile(target, DynamicConfig().max_nodes + 1)
             return {}
         state["cost_ratio"] = cost_ratio(target, drafter, ids.shape[1])
         return {"cost_ratio": state["cost_ratio"]}
@@ -186,6 +214,8 @@ def _decode_stats(res, phase_k: int | None = None) -> dict:
     s = res.stats()
     hist = Counter(res.accept_lens)
     s["accept_hist"] = [hist.get(a, 0) for a in range(max(hist, default=-1) + 1)]
+    nodes = Counter(res.step_nodes)  # draft nodes verified per step (0: an AR step)
+    s["nodes_hist"] = [nodes.get(n, 0) for n in range(max(nodes, default=-1) + 1)]
     s.pop("wall_time_s")
     if phase_k is not None:
         phases = res.tau_by_phase(phase_k)
@@ -216,6 +246,8 @@ def build_methods(args, target) -> list[Method]:
             methods.append(hf_method(target, name))
         elif name == "ar":
             methods.append(ar_method(target))
+        elif name == "ngram":
+            methods.append(ngram_method(target))
         elif name == "hf_prompt_lookup":
             methods.append(hf_method(target, name, prompt_lookup_num_tokens=args.prompt_lookup))
         elif name == "hf_early_exit":
@@ -235,7 +267,8 @@ def build_methods(args, target) -> list[Method]:
         gates: list[str | None] = []
         for g in own_gates or args.gates:
             g = (drafter.config["gate"]["default"] if g == "default" else g) or "none"
-            if g != "none" and (drafter.kind == "falcon" or g not in drafter.gates):
+            budget = g in ("budget", "hybrid")  # dynamic trees, every drafter kind
+            if g != "none" and not budget and (drafter.kind == "falcon" or g not in drafter.gates):
                 continue  # no such gate on this drafter
             gates.append(None if g == "none" else g)
         for g in dict.fromkeys(gates):
