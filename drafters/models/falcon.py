@@ -67,6 +67,10 @@ class FalconConfig:
     fusion: str = "linear"  # "linear" (EAGLE) or "lstm" (paper's figure, batch_first)
     draft_vocab_size: int | None = None  # V_d: score only these target ids (models/vocab.py)
     assignment: str = "paper"  # in-block slot -> offset: "paper" (q -> q+1) or "reversed"
+    # EAGLE's layout (and so vLLM's EAGLE drafter, drafters/export/vllm.py) has no bias in the
+    # fusion and no input norm in layer 0: both false make a k=1 Falcon exportable there.
+    fusion_bias: bool = True  # the linear fusion's bias (ignored by the LSTM fusion)
+    first_input_norm: bool = True  # layer 0 normalises its input (EAGLE: false)
 
     def __post_init__(self):
         if self.fusion not in ("linear", "lstm"):
@@ -108,10 +112,14 @@ class FalconConfig:
 
     def num_params(self) -> int:
         """fusion + L * layer, with
-        fusion = 2d^2 + d (Linear 2d -> d with bias) or 12d^2 + 8d (LSTM 2d -> d, two biases);
-        layer  = d*hd*(2H + 2H_kv) + 3*d*I + 2d (q,k,v,o; SwiGLU; two RMSNorms)."""
+        fusion = 2d^2 + d (Linear 2d -> d with bias; 2d^2 without) or 12d^2 + 8d (LSTM 2d -> d,
+        two biases); layer = d*hd*(2H + 2H_kv) + 3*d*I + 2d (q,k,v,o; SwiGLU; two RMSNorms; d
+        less for layer 0 without its input norm)."""
         d = self.hidden_size
-        fusion = 2 * d * d + d if self.fusion == "linear" else 12 * d * d + 8 * d
+        if self.fusion == "linear":
+            fusion = 2 * d * d + (d if self.fusion_bias else 0)
+        else:
+            fusion = 12 * d * d + 8 * d
         layer = layer_num_params(
             d,
             self.num_attention_heads,
@@ -119,7 +127,7 @@ class FalconConfig:
             self.head_dim,
             self.intermediate_size,
         )
-        return fusion + self.num_layers * layer
+        return fusion + self.num_layers * layer - (0 if self.first_input_norm else d)
 
 
 def num_params(cfg: FalconConfig) -> int:
@@ -169,7 +177,7 @@ class FalconDrafter(nn.Module):
         size = cfg.draft_vocab_size
         self.vocab = DraftVocab(cfg.vocab_size, size) if size else None
         if cfg.fusion == "linear":
-            self.fusion = nn.Linear(2 * d, d)
+            self.fusion = nn.Linear(2 * d, d, bias=cfg.fusion_bias)
         else:
             self.fusion = nn.LSTM(2 * d, d, batch_first=True)
         self.layers = nn.ModuleList(
@@ -180,8 +188,9 @@ class FalconDrafter(nn.Module):
                 cfg.head_dim,
                 cfg.intermediate_size,
                 cfg.rms_norm_eps,
+                input_norm=cfg.first_input_norm or i > 0,
             )
-            for _ in range(cfg.num_layers)
+            for i in range(cfg.num_layers)
         )
 
     def scoring_head(self, lm_head: nn.Linear) -> nn.Linear:

@@ -96,7 +96,9 @@ class SwiGLU(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm Llama layer: x + Attn(norm(x)), then + MLP(norm(.))."""
+    """Pre-norm Llama layer: x + Attn(norm(x)), then + MLP(norm(.)).
+
+    input_norm=False: x + Attn(x) (EAGLE's first drafter layer, whose input is the fusion's)."""
 
     def __init__(
         self,
@@ -106,9 +108,10 @@ class DecoderLayer(nn.Module):
         head_dim: int,
         intermediate_size: int,
         eps: float,
+        input_norm: bool = True,
     ):
         super().__init__()
-        self.input_layernorm = RMSNorm(hidden_size, eps)
+        self.input_layernorm = RMSNorm(hidden_size, eps) if input_norm else nn.Identity()
         self.self_attn = Attention(hidden_size, num_heads, num_kv_heads, head_dim)
         self.post_attention_layernorm = RMSNorm(hidden_size, eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size)
