@@ -66,6 +66,14 @@ EXPORT_HELP = """Export a training checkpoint to a drafter folder (config.json +
 The folder loads with `drafters.load_drafter(OUT, target)` (no Lightning, no Hydra) and runs with
 `drafters-generate --drafter OUT` and `drafters-bench --drafter OUT`.
 Format: the docstring of drafters/export/format.py.
+
+--format vllm writes a folder vLLM serves as the target's speculative model (Medusa heads; Falcon
+with k=1 in EAGLE's layout), from a checkpoint or from an exported drafter folder:
+
+    drafters-export outputs/medusa_smollm2 outputs/medusa_smollm2-vllm --format vllm --full-vocab
+    LLM(model=TARGET, speculative_config={"method": "medusa", "model": OUT, ...})
+
+What vLLM can and cannot express: the docstring of drafters/export/vllm.py.
 """
 
 
@@ -77,8 +85,24 @@ def export_main(argv: list[str] | None = None) -> int:
         description=EXPORT_HELP,
         formatter_class=argparse.RawTextHelpFormatter,
     )
-    p.add_argument("checkpoint", help="a Lightning checkpoint written by train.py (.ckpt)")
+    p.add_argument(
+        "checkpoint",
+        help="a Lightning checkpoint written by train.py (.ckpt); with --format vllm also an "
+        "exported drafter folder",
+    )
     p.add_argument("out", help="the drafter folder to write (atomically)")
+    p.add_argument(
+        "--format",
+        choices=["drafters", "vllm"],
+        default="drafters",
+        help="drafters: ours (the source of truth); vllm: what vLLM loads as speculative model",
+    )
+    p.add_argument(
+        "--full-vocab",
+        action="store_true",
+        help="--format vllm: export a drafter trained with a draft vocabulary to score every "
+        "target token (vLLM 0.32 loads no draft vocabulary)",
+    )
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights dtype")
     p.add_argument(
         "--tree",
@@ -89,6 +113,8 @@ def export_main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     args = p.parse_args(argv)
+    if args.format == "vllm":
+        return export_vllm_main(args)
     out = export_checkpoint(
         args.checkpoint, args.out, args.dtype, parse_tree(args.tree), args.force
     )
@@ -98,6 +124,30 @@ def export_main(argv: list[str] | None = None) -> int:
         f"exported {config['kind']} drafter ({config['weights']['num_params']:,} parameters, "
         f"{config['weights']['dtype']}, tree {tree}, "
         f"gate {config['gate']['default']}) for target {config['target']['name']} to {out}"
+    )
+    return 0
+
+
+def export_vllm_main(args) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from drafters.export import export_checkpoint, read_config
+    from drafters.export.vllm import export_vllm, vllm_method
+
+    source = Path(args.checkpoint)
+    with tempfile.TemporaryDirectory() as tmp:
+        if not source.is_dir():  # a checkpoint: our format first, then vLLM's
+            source = export_checkpoint(source, Path(tmp) / "drafter", args.dtype)
+        kind = read_config(source)["kind"]
+        out = export_vllm(
+            source, args.out, dtype=args.dtype, full_vocab=args.full_vocab, force=args.force
+        )
+    config = json.loads((out / "config.json").read_text())
+    n = config.get("num_heads", "N")
+    print(
+        f"exported {kind} drafter for vLLM to {out}: LLM(model=<target>, speculative_config="
+        f'{{"method": "{vllm_method(kind)}", "model": "{out}", "num_speculative_tokens": {n}}})'
     )
     return 0
 
@@ -327,11 +377,19 @@ def tune_main(argv: list[str] | None = None) -> int:
 
 # ---- entry points --------------------------------------------------------------------------------
 
+
+def bench_vllm_main(argv: list[str] | None = None) -> int:
+    from drafters.eval.vllm_bench import main
+
+    return main(argv)
+
+
 COMMANDS: dict[str, Callable[[list[str] | None], int]] = {
     "export": export_main,
     "generate": generate_main,
     "bench": bench_main,
     "tune": tune_main,
+    "bench-vllm": bench_vllm_main,
 }
 
 
@@ -349,6 +407,10 @@ def bench() -> None:
 
 def tune() -> None:
     sys.exit(run(tune_main))
+
+
+def bench_vllm() -> None:
+    sys.exit(run(bench_vllm_main))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,170 @@
+"""Exports to vLLM's formats (drafters/export/vllm.py): what cannot be expressed is refused by
+field; the exported tensors compute what our drafter computes, read the way vLLM reads them
+(Medusa: its ResidualBlock; EAGLE: transformers' Llama layers, layer 0 without input norm); and
+vLLM itself loads each export and decodes losslessly (tests/test_vllm_serving.py)."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from drafters.export.format import ExportError, LoadedDrafter
+from drafters.export.vllm import export_vllm
+from drafters.models import (
+    CerberusConfig,
+    CerberusHeads,
+    FalconConfig,
+    FalconDrafter,
+    MedusaConfig,
+    MedusaHeads,
+)
+
+
+def loaded(kind, model, target):
+    for p in model.parameters():  # away from the identity init, so every tensor matters
+        torch.nn.init.normal_(p, std=0.05)
+    ident = dataclasses.asdict(target.identity)
+    return LoadedDrafter(
+        kind, model.eval(), None, config={"target": ident, "weights": {"dtype": "float32"}}
+    )
+
+
+def falcon(target, **kw):
+    kw = {"k": 1, "fusion_bias": False, "first_input_norm": False, **kw}
+    return FalconDrafter(FalconConfig.from_target_config(target.config, **kw))
+
+
+def export(tmp_path, d, target, **kw):
+    return export_vllm(
+        d,
+        tmp_path / "out",
+        target_lm_head=target.model.get_output_embeddings().weight,
+        target_config=target.config.to_dict(),
+        **kw,
+    )
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (
+            lambda t: ("cerberus", CerberusHeads(CerberusConfig(t.hidden_size, t.vocab_size))),
+            "kind=cerberus",
+        ),
+        (lambda t: ("falcon", falcon(t, k=2)), r"model.k=2"),
+        (lambda t: ("falcon", falcon(t, fusion="lstm")), r"model.fusion='lstm'"),
+        (lambda t: ("falcon", falcon(t, fusion_bias=True)), r"model.fusion_bias=true"),
+        (lambda t: ("falcon", falcon(t, first_input_norm=True)), r"model.first_input_norm=true"),
+        (lambda t: ("falcon", falcon(t, draft_vocab_size=64)), r"model.draft_vocab_size=64:"),
+        (
+            lambda t: (
+                "medusa",
+                MedusaHeads(MedusaConfig(t.hidden_size, t.vocab_size, draft_vocab_size=64)),
+            ),
+            r"model.draft_vocab_size=64:.*--full-vocab",
+        ),
+        (
+            lambda t: (
+                "medusa",
+                MedusaHeads(
+                    MedusaConfig(
+                        t.hidden_size, t.vocab_size, draft_vocab_size=64, trainable_lm_head=True
+                    )
+                ),
+            ),
+            r"trainable_lm_head=true",
+        ),
+    ],
+)
+def test_what_vllm_cannot_express_is_refused_by_field(tmp_path, tiny, make, match):
+    kind, model = make(tiny)
+    with pytest.raises(ExportError, match=match):
+        export(tmp_path, loaded(kind, model, tiny), tiny, full_vocab="trainable" in match)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_existing_folder_needs_force(tmp_path, tiny):
+    d = loaded("medusa", MedusaHeads(MedusaConfig(tiny.hidden_size, tiny.vocab_size)), tiny)
+    export(tmp_path, d, tiny)
+    with pytest.raises(FileExistsError, match="--force"):
+        export(tmp_path, d, tiny)
+    export(tmp_path, d, tiny, force=True)
+
+
+@pytest.mark.parametrize("trainable", [False, True])
+def test_medusa_tensors_compute_our_logits(tmp_path, tiny, trainable):
+    cfg = MedusaConfig(
+        tiny.hidden_size, tiny.vocab_size, num_heads=3, num_layers=2, trainable_lm_head=trainable
+    )
+    d = loaded("medusa", MedusaHeads(cfg), tiny)
+    out = export(tmp_path, d, tiny)
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "medusa" and config["num_heads"] == 3
+    assert (
+        config["num_hidden_layers"] == 2 and config["medusa_fc_bias"] and config["original_lm_head"]
+    )
+    w = load_file(str(out / "model.safetensors"))
+    f = torch.randn(2, 5, tiny.hidden_size)
+    ours = d.model(f, tiny.lm_head)  # (B, T, K, V)
+    for h in range(3):  # vLLM's ResidualBlock, then the one shared head
+        x = f
+        for layer in range(2):
+            p = f"blocks.{h}.layers.{layer}"
+            x = x + F.silu(F.linear(x, w[f"{p}.weight"], w[f"{p}.bias"]))
+        torch.testing.assert_close(F.linear(x, w["lm_heads.0.weight"]), ours[:, :, h])
+
+
+def test_medusa_full_vocab_scores_every_target_token(tmp_path, tiny):
+    cfg = MedusaConfig(tiny.hidden_size, tiny.vocab_size, draft_vocab_size=64)
+    d = loaded("medusa", MedusaHeads(cfg), tiny)
+    out = export(tmp_path, d, tiny, full_vocab=True)
+    w = load_file(str(out / "model.safetensors"))
+    assert torch.equal(w["lm_heads.0.weight"], tiny.lm_head.weight)
+    assert "token_map" not in w
+    assert json.loads((out / "drafters_source.json").read_text())["full_vocab"] is True
+
+
+def test_eagle_tensors_compute_our_falcon_k1(tmp_path, smollm2):
+    """Our k=1 Falcon == vLLM's EAGLE drafter read from the export: fc over cat(embedding,
+    feature) without bias, transformers' Llama layers (layer 0 with no input norm), no final
+    norm; causal attention, positions 0..T-1."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    t = smollm2
+    d = loaded("falcon", falcon(t), t)
+    out = export(tmp_path, d, t)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 2
+    w = load_file(str(out / "model.safetensors"))
+    assert "layers.0.input_layernorm.weight" not in w and "fc.bias" not in w
+    assert "embed_tokens.weight" not in w and "lm_head.weight" not in w  # vLLM shares the target's
+
+    hf = LlamaConfig(
+        **{k: v for k, v in config.items() if k not in ("architectures", "model_type")}
+    )
+    hf._attn_implementation = "eager"
+    layers = [LlamaDecoderLayer(hf, i).eval() for i in range(2)]
+    for i, layer in enumerate(layers):
+        state = {
+            k.removeprefix(f"layers.{i}."): v for k, v in w.items() if k.startswith(f"layers.{i}.")
+        }
+        if i == 0:
+            layer.input_layernorm = torch.nn.Identity()
+        layer.load_state_dict(state, strict=True)
+    T = 7
+    f = torch.randn(1, T, t.hidden_size)
+    tokens = torch.randint(t.vocab_size, (1, T))
+    pos = torch.arange(T).unsqueeze(0)
+    with torch.no_grad():
+        x = F.linear(torch.cat([t.embed_tokens(tokens), f], dim=-1), w["fc.weight"])
+        cos_sin = LlamaRotaryEmbedding(hf)(x, pos)
+        mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+        for layer in layers:
+            x = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=cos_sin)
+            x = x[0] if isinstance(x, tuple) else x
+        ours = d.model(f, tokens, t.embed_tokens)
+    torch.testing.assert_close(x, ours, rtol=1e-4, atol=1e-4)
