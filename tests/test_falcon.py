@@ -7,6 +7,7 @@ from torch import nn
 from drafters.models import FalconConfig, FalconDrafter, block_causal_mask, build_drafter
 from drafters.models.falcon import num_params
 from drafters.models.kv_cache import FalconKVCache
+from drafters.models.llama import RMSNorm
 
 D, V = 16, 30
 
@@ -61,6 +62,20 @@ def test_shapes_and_num_params(fusion):
     layer = D * 4 * (2 * 4 + 2 * 2) + 3 * D * 24 + 2 * D  # hd = 16 / 4
     fuse = 2 * D * D + D if fusion == "linear" else 12 * D * D + 8 * D
     assert m.cfg.num_params() == fuse + 2 * layer
+
+
+def test_eagle_layout_drops_the_fusion_bias_and_layer0_input_norm():
+    """fusion_bias=False, first_input_norm=False (EAGLE's layout, what vLLM serves): layer 0 sees
+    the fusion's output unnormalised; the parameter count says so."""
+    m = _drafter(k=1, fusion_bias=False, first_input_norm=False)
+    assert m.fusion.bias is None and isinstance(m.layers[0].input_layernorm, torch.nn.Identity)
+    assert isinstance(m.layers[1].input_layernorm, RMSNorm)
+    assert sum(p.numel() for p in m.parameters()) == m.cfg.num_params()
+    with_norm = _drafter(k=1, fusion_bias=False, first_input_norm=True)
+    missing, unexpected = with_norm.load_state_dict(m.state_dict(), strict=False)
+    assert missing == ["layers.0.input_layernorm.weight"] and not unexpected
+    f, t, embed = _inputs()
+    assert not torch.allclose(m(f, t, embed), with_norm(f, t, embed))
 
 
 def test_from_target_config_and_build():
