@@ -18,13 +18,17 @@
 #           HF early exit, Medusa, Cerberus (no gate, entropy gate, learned gate), the 3 Falcons
 #   report  docs/results.md from the bench and training outputs
 #   plan    (not in the default list) print the train, tune and bench commands; runs nothing
-# Knobs (environment): PY, LANES (parallel lanes for train/bench; default 2 on 2 cores),
+# Knobs (environment): PY, LANES (parallel lanes for train/tune; default 2 on 2 cores),
+# BENCH_LANES (default 1: the benchmark gives one request the whole machine, BENCH_THREADS =
+# cores / BENCH_LANES threads, as a user would run it; more lanes are faster and are labelled),
 # STEPS (training steps per run), CONVERSATIONS (corpus size), OUT (outputs/results).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PY:-.venv/bin/python}
 LANES=${LANES:-2}
+BENCH_LANES=${BENCH_LANES:-1}
+BENCH_THREADS=${BENCH_THREADS:-$(($(nproc) / BENCH_LANES > 0 ? $(nproc) / BENCH_LANES : 1))}
 STEPS=${STEPS:-100}
 CONVERSATIONS=${CONVERSATIONS:-320}
 OUT=${OUT:-outputs/results}
@@ -158,25 +162,25 @@ print(f'--prompt-lookup {p[\"prompt_lookup\"]} --early-exit-layer {p[\"early_exi
     "$OUT/tune/peers.json")
   echo "--methods hf_greedy hf_prompt_lookup hf_early_exit $peers --drafter $d/medusa@none \
 --drafter $d/cerberus@none,entropy,learned --drafter $d/falcon_k2_tf --drafter $d/falcon_k2 \
---drafter $d/falcon_k3 --max-new-tokens 256 --turns 2 --threads 1"
+--drafter $d/falcon_k3 --max-new-tokens 256 --turns 2 --threads $BENCH_THREADS"
 }
 
 TABLES=("mt_bench|--bench mt_bench" "spec_bench|--bench spec_bench --per-category 10")
 
 bench_cmd() {  # TABLE_ARGS OUT_NAME SHARD BENCH_ARGS
-  echo "$PY -m drafters.cli bench $1 $4 --shard $3/$LANES --out $OUT/bench/$2"
+  echo "$PY -m drafters.cli bench $1 $4 --shard $3/$BENCH_LANES --out $OUT/bench/$2"
 }
 
-stage_bench() {  # one run per table, LANES shards; resumes from the records under --out
+stage_bench() {  # one run per table, BENCH_LANES shards; resumes from the records under --out
   local table name args bargs
   bargs=$(bench_args)
   for table in "${TABLES[@]}"; do
     IFS='|' read -r name args <<<"$table"
     local cmds=() i
-    for ((i = 0; i < LANES; i++)); do
+    for ((i = 0; i < BENCH_LANES; i++)); do
       cmds+=("$(bench_cmd "$args" "$name" "$i" "$bargs") >> $LOG/bench_${name}_$i.log 2>&1")
     done
-    lanes "${cmds[@]}"
+    LANES=$BENCH_LANES lanes "${cmds[@]}"
     $PY -m drafters.cli bench --merge --out "$OUT/bench/$name"
   done
 }

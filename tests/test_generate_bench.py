@@ -179,6 +179,8 @@ def test_bench_resumes_and_shards(tmp_path, capsys):
     res = json.loads((out / "results.json").read_text())
     assert [r["question_id"] for r in res["records"]] == [1, 1, 2, 2, 3, 3, 4, 4]
     assert all(r["lossless"] for r in res["records"])
+    assert res["settings"]["lanes"] == [2]  # two shards: the table says so
+    assert "2 lanes side by side" in (out / "results.md").read_text()
 
     capsys.readouterr()
     assert bench_main(argv) == 0  # everything recorded: nothing runs, the reports are rewritten

@@ -74,6 +74,8 @@ def test_tune_and_bench_commands_parse(commands, tmp_path):
         assert argv[:3] == ["-m", "drafters.cli", "bench"]
         args = bench_args(argv[3:])
         assert (args.bench, args.max_new_tokens, args.turns) == (table, 256, 2)
+        # one request at a time with the whole machine, as a user runs it
+        assert args.shard == (0, 1) and args.threads == len(os.sched_getaffinity(0))
         assert (args.prompt_lookup, args.early_exit_layer, args.early_exit_tokens) == (3, 3, 20)
         names = [d.split("@")[0].rsplit("/", 1)[1] for d in args.drafter]
         assert names == RUNS

@@ -371,6 +371,9 @@ def run(args) -> dict:
         "warmup_questions": min(args.warmup, len(questions)),
         "threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
+        # processes sharing the machine, one shard each (--shard I/N): requests in flight at once
+        # (each record keeps its own; the report names every count the records hold)
+        "lanes": count,
         "device": str(target.device),
         "dtype": str(target.dtype).replace("torch.", ""),
         "target": target.identity.to_dict(),
@@ -399,6 +402,8 @@ def run(args) -> dict:
                file=sys.stderr)  # fmt: skip
     for q in bar:
         batch = [run_question(target, m, q, args.turns, args.max_new_tokens) for m in methods]
+        for r in batch:
+            r["lanes"] = count  # a resumed run may use another --shard count: kept per question
         mark_lossless(batch)
         store.append(q["question_id"], batch)
         bar.set_postfix({r["method"][:12]: f"{r['tokens_per_s']:.0f}" for r in batch[:4]})

@@ -22,7 +22,7 @@ class RecordStore:
 
     # may differ between shards and restarts; eval_file is a path (another checkout, another
     # machine), the file's content is eval_sha256
-    VOLATILE = ("warmup_questions", "machine", "torch", "transformers", "eval_file")
+    VOLATILE = ("warmup_questions", "machine", "torch", "transformers", "eval_file", "lanes")
 
     def __init__(self, folder: Path, settings: dict, methods: dict) -> None:
         self.folder = folder
@@ -103,4 +103,8 @@ def merge(folder: Path) -> dict:
         print(f"[bench] {msg}; reports when all are (rerun the shards)", file=sys.stderr)
         return {"complete": False, "markdown": msg, "files": []}
     records = [r for q in ids for r in by_question[q]]
+    settings = {
+        **settings,
+        "lanes": sorted({r.get("lanes", settings.get("lanes", 1)) for r in records}),
+    }
     return {"complete": True, **write_reports(folder, settings, info, records, BASELINE)}

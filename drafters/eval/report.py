@@ -125,13 +125,23 @@ def divergences(records: list[dict], baseline: str) -> str:
     return "\n".join([f"Outputs that differ from {baseline}'s:", "", *head, *lines])
 
 
+def lanes_label(lanes: int | list[int]) -> str:
+    """How many requests shared the machine (--shard I/N: N lanes side by side); 1 lane = one
+    request with the whole machine. A list: the counts a resumed run's questions ran with."""
+    counts = sorted(set(lanes)) if isinstance(lanes, list) else [lanes]
+    if counts == [1]:
+        return "one request at a time"
+    return f"{'/'.join(map(str, counts))} lanes side by side"
+
+
 def markdown(rows: list[dict], settings: dict) -> str:
     """The summary table; with a column "τ by N mod k" when some row has `tau_by_phase`."""
     phases = any(r["tau_by_phase"] is not None for r in rows)
     head = (
         f"{settings['bench']}: {settings['questions']} questions, {settings['turns']} turn(s), "
         f"max {settings['max_new_tokens']} new tokens; target {settings['target']['name']} "
-        f"({settings['dtype']}, {settings['device']}, {settings['threads']} threads); "
+        f"({settings['dtype']}, {settings['device']}, {settings['threads']} threads, "
+        f"{lanes_label(settings.get('lanes', 1))}); "
         f"tau with the bonus token; speedup over hf_greedy (mean tok/s ratio)"
     )
     lines = [
