@@ -11,7 +11,7 @@ import tomllib
 from train_helpers import ROOT
 
 import drafters.cli as cli
-from drafters.cli import bench_main, export_main, generate_main, run, tune_main
+from drafters.cli import bench_main, bench_vllm_main, export_main, generate_main, run, tune_main
 
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
@@ -22,6 +22,7 @@ def test_every_console_script_resolves():
         "drafters-generate",
         "drafters-bench",
         "drafters-tune",
+        "drafters-bench-vllm",
     }
     for name, entry in SCRIPTS.items():
         module, func = entry.split(":")
@@ -98,6 +99,20 @@ def test_the_installed_script_exits_nonzero_with_one_line(tmp_path):
 
 def test_python_dash_m_runs_the_same_commands(capsys):
     assert cli.main(["nope"]) == 2
-    assert "usage: python -m drafters.cli {export,generate,bench,tune}" in capsys.readouterr().err
+    usage = "usage: python -m drafters.cli {export,generate,bench,tune,bench-vllm}"
+    assert usage in capsys.readouterr().err
     assert cli.main(["tune", "--out", "x"]) == 1
     assert "nothing to tune" in one_error_line(capsys)
+
+
+def test_vllm_commands_name_what_is_wrong(tmp_path, tiny_exported, capsys):
+    """bench-vllm on a folder that is not a vLLM export; export --format vllm of a drafter vLLM
+    cannot express (the fixture's drafters have a draft vocabulary; Cerberus has linked heads)."""
+    argv = ["--drafter", str(tiny_exported["medusa"]), "--out", str(tmp_path / "b")]
+    assert run(bench_vllm_main, argv) == 1
+    assert "not a vLLM export" in one_error_line(capsys)
+    for kind, field in (("medusa", "draft_vocab_size"), ("cerberus", "kind=cerberus")):
+        argv = [str(tiny_exported[kind]), str(tmp_path / kind), "--format", "vllm"]
+        assert run(export_main, argv) == 1
+        assert field in one_error_line(capsys)
+        assert not (tmp_path / kind).exists()
