@@ -190,11 +190,23 @@ def generate_main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument(
         "--gate",
-        choices=["default", "none", "entropy", "learned", "budget", "hybrid"],
+        choices=[
+            "default",
+            "none",
+            "entropy",
+            "learned",
+            "budget",
+            "hybrid",
+            "budget+entropy",
+            "budget+learned",
+            "hybrid+entropy",
+            "hybrid+learned",
+        ],
         default="default",
         help="head drafters: the drafter's default gate (config.json), none, entropy or learned;"
         " any drafter: budget (a tree built and sized each step on this machine's step cost) or"
-        " hybrid (the same with n-gram candidates from the context)",
+        " hybrid (the same with n-gram candidates from the context); head drafters: "
+        "budget+entropy etc., the budget with the gate's prediction as input",
     )
     p.add_argument(
         "--tree", default=None, help="override the exported tree: preset, chain<K>, JSON paths"

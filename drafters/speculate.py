@@ -26,7 +26,9 @@ from drafters.export import LoadedDrafter
 from drafters.models import HEAD_KINDS
 from drafters.target import Target
 
-BUDGET_GATES = ("budget", "hybrid")  # dynamic trees: any drafter kind
+# dynamic trees: any drafter kind; "+entropy" / "+learned": a head drafter's gate feeds the budget
+BUDGET_GATES = ("budget", "hybrid", "budget+entropy", "budget+learned", "hybrid+entropy",
+                "hybrid+learned")  # fmt: skip
 
 
 def has_gate(drafter: LoadedDrafter, gate: Any) -> bool:
@@ -69,7 +71,9 @@ def speculative_decode(
     gate: "default" (the drafter's own, config.json gate.default), "none"/None, "entropy",
     "learned", or any object with `expected_accept(f, logits)` (head drafters); "budget" (a
     dynamic tree sized per step by cost, `tree` unused) or "hybrid" (the same with n-gram
-    candidates), any drafter; `dynamic` sets their options (`DynamicConfig`).
+    candidates), any drafter, and for a head drafter "budget+entropy", "hybrid+learned", ...:
+    the same with its gate's prediction rescaling the heads' estimates each step;
+    `dynamic` sets their options (`DynamicConfig`).
     tree: None (the drafter's exported tree) or a spec for the decoder (a preset name,
     `chain<K>`, a list of paths; Falcon: what `decode_falcon` accepts).
     cost_ratio: c_tree / c_ar for a gated decode (None: measured by the decoder on this prompt).
@@ -77,10 +81,14 @@ def speculative_decode(
     `transformers.TextStreamer`'s put, as `drafters-generate --stream` does).
     """
     if gate in BUDGET_GATES:
+        base, _, source = gate.partition("+")
+        if source and drafter.kind not in HEAD_KINDS:
+            raise ValueError(f"a {drafter.kind} drafter has no gate (asked for {gate!r})")
+        g = drafter.get_gate(source) if source else None
         cfg = dynamic or DynamicConfig()
-        cfg = replace(cfg, ngram=0) if gate == "budget" else cfg
+        cfg = replace(cfg, ngram=0) if base == "budget" else cfg
         return decode_dynamic(target, drafter.model, input_ids, max_new_tokens, cfg,
-                              stream=stream)  # fmt: skip
+                              stream=stream, gate=g)  # fmt: skip
     if drafter.kind in HEAD_KINDS:
         g = drafter.get_gate(gate) if isinstance(gate, str | None) else gate
         return decode_heads(

@@ -164,3 +164,65 @@ def test_falcon_right_drafter_runs_deeper_passes():
     auto = DynamicConfig(ngram=0, passes=3, anchors=1, width=1, min_anchor=0.0)
     res = _check(target, drafter, kind, prompt, n, auto, CHEAP)
     assert res.accepted_tokens == sum(res.step_nodes) and res.step_nodes[-1] > res.step_nodes[0]
+
+
+def test_gates_set_the_chain_the_budget_sees():
+    """gate_conditionals: the learned gate's P(heads 0..i right) become the top-1 chain's
+    cumulative estimates; an E[a] gate (entropy) scales the heads' conditionals by one factor so
+    that the chain's expected length is E[a]."""
+    from drafters.decoding.dynamic import gate_conditionals
+    from drafters.models.gate import EntropyGate, LearnedGate, LearnedGateConfig
+
+    d, v = 8, 16
+    f, logits = torch.randn(1, 1, d), torch.randn(1, 1, v)
+    top1 = torch.tensor([0.5, 0.4, 0.3, 0.2])
+    learned = LearnedGate(LearnedGateConfig(d, num_heads=3, hidden_dim=4))
+    q = torch.tensor([0.8, 0.6, 0.3])
+    with torch.no_grad():  # a gate that says q whatever it reads
+        learned.fc2.weight.zero_()
+        learned.fc2.bias.copy_(torch.logit(q))
+    c = gate_conditionals(learned, f, logits, top1)
+    assert torch.allclose(c[:3].cumprod(0), q, atol=1e-6)
+    assert c[3] == top1[3]  # deeper than the gate's heads: the heads' own
+    entropy_gate = EntropyGate(num_heads=4)
+    for e in (0.2, 1.5, 3.9):
+        with torch.no_grad():
+            entropy_gate.values.fill_(e)
+        c = gate_conditionals(entropy_gate, f, logits, top1)
+        assert float(c.cumprod(0).sum()) == pytest.approx(e, abs=1e-4)
+        ratio = (c / top1)[c < 1]  # one factor for every depth, until a conditional reaches 1
+        assert torch.allclose(ratio, ratio[:1].expand_as(ratio), rtol=1e-5)
+    with torch.no_grad():
+        entropy_gate.values.fill_(0.0)
+    assert gate_conditionals(entropy_gate, f, logits, top1).sum() == 0
+
+
+@pytest.mark.parametrize("gate_kind", ["learned", "entropy"])
+@pytest.mark.parametrize("cost", [CHEAP, DEAR], ids=["cheap", "dear"])
+def test_head_drafters_with_a_gate_are_lossless(gate_kind, cost):
+    from drafters.models.gate import EntropyGate, LearnedGate, LearnedGateConfig
+
+    for kind, prompt in [("seed0", PROMPTS[0]), ("tied", PROMPTS[1])]:
+        target = make_target(kind)
+        torch.manual_seed(0)
+        if gate_kind == "learned":
+            gate = LearnedGate(LearnedGateConfig(target.hidden_size, num_heads=4, hidden_dim=8))
+        else:
+            gate = EntropyGate(num_heads=4)
+        for drafter in (RandomHeads(target.hidden_size, seed=1),
+                        oracle(kind, prompt, [0, 1, None, 0])):  # fmt: skip
+            for cfg in (DynamicConfig(), DynamicConfig(ngram=0)):
+                ids, ref = reference(kind, prompt, 37)
+                res = decode_dynamic(target, drafter, ids, 37, cfg, cost=cost, gate=gate)
+                assert torch.equal(res.sequences, ref), (kind, gate_kind, cfg)
+
+
+def test_a_gate_needs_a_head_drafter():
+    from drafters.models.gate import EntropyGate
+
+    target = make_target("seed0")
+    ids, _ = reference("seed0", PROMPTS[0], 4)
+    for drafter in (None, falcon(target, 2)):
+        with pytest.raises(ValueError, match="gate"):
+            decode_dynamic(target, drafter, ids, 4, DynamicConfig(), cost=CHEAP,
+                           gate=EntropyGate())  # fmt: skip

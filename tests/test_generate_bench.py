@@ -229,7 +229,11 @@ def test_outputs_that_leave_the_baseline_are_reported_where_they_leave_it():
     assert "| lossless |" in markdown(rows, {**settings, "dtype": "float32"})
 
 
-@pytest.mark.parametrize("kind, gate", [("falcon", "hybrid"), ("medusa", "budget")])
+@pytest.mark.parametrize(
+    "kind, gate",
+    [("falcon", "hybrid"), ("medusa", "budget"), ("cerberus", "hybrid+learned"),
+     ("medusa", "budget+entropy")],
+)  # fmt: skip
 def test_generate_with_a_budget_gate_equals_plain_greedy(tiny_exported, kind, gate):
     from drafters.decoding import decode_ar
     from drafters.export import load_drafter
@@ -245,3 +249,18 @@ def test_generate_with_a_budget_gate_equals_plain_greedy(tiny_exported, kind, ga
            "--prompt", "Hi", "--max-new-tokens", "8", "--threads", "1", "--gate", gate]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0 and f"gate {gate}" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_budget_gate_input_the_drafter_lacks_is_refused(tiny_exported):
+    from drafters.export import load_drafter
+    from drafters.speculate import speculative_decode
+    from drafters.testing import tiny_target
+
+    target = tiny_target(seed=0)
+    ids = target.tokenizer("Hi", return_tensors="pt").input_ids
+    medusa = load_drafter(tiny_exported["medusa"], target)  # trained without a learned gate
+    with pytest.raises(ValueError, match="no learned gate"):
+        speculative_decode(target, medusa, ids, 4, gate="budget+learned")
+    falcon = load_drafter(tiny_exported["falcon"], target)
+    with pytest.raises(ValueError, match="has no gate"):
+        speculative_decode(target, falcon, ids, 4, gate="hybrid+entropy")

@@ -18,6 +18,12 @@ One step from the root t_N (emitted, not yet in the target's cache):
      Estimates are calibrated online per source and depth (`Calibration`); a source is
      verified a few times before a budget of 0 is trusted, and again every `explore_every`
      AR steps in a row (one node each time), so calibration always has evidence.
+     With a gate (head drafters: `budget+entropy`, `hybrid+learned`, ...), the heads' own
+     per-depth confidences are first rescaled so that their top-1 chain matches what the gate
+     predicts for this step (`gate_conditionals`): the learned gate's P(heads 0..i right) per
+     depth, or the entropy gate's expected accepted length, spread over the depths in the
+     heads' own proportions. The gate thus feeds the budget instead of only choosing between
+     the full tree and an AR step.
   2. the budget: with the target forward's cost by rows measured on this machine (t(n)/t(1),
      `forward_cost_profile`), n = argmax (1 + sum of the n best estimates) / t(n + 1) / t(1)
      (`choose_budget`); a fixed `budget` verifies that many nodes instead.
@@ -41,6 +47,7 @@ from drafters.decoding.logits import project
 from drafters.decoding.ngram import NgramIndex
 from drafters.decoding.result import DecodeResult, Generation
 from drafters.decoding.verify import verify_tree
+from drafters.models.gate import LearnedGate
 from drafters.models.vocab import to_target
 from drafters.target import Target
 
@@ -97,26 +104,67 @@ def _expand_best_first(
     return added
 
 
+def gate_conditionals(gate: nn.Module, f: torch.Tensor, logits: torch.Tensor,
+                      top1: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """What a gate predicts for this step's top-1 chain, as P(depth i right | depths < i right),
+    one per depth of `top1` (D,), the heads' own top-1 probabilities (their guess of the same).
+
+    A `LearnedGate` gives P(heads 0..i all right) per head: its ratios, for the depths it has
+    heads for (deeper: the heads' own). Any other gate gives E[a], the expected accepted length
+    of the chain (`expected_accept`, e.g. the entropy gate's calibration table): the heads'
+    conditionals are scaled by one factor r, found by bisection, so that the chain's expected
+    length sum_i prod_{j<=i} min(1, r c_j) equals E[a] (capped at D)."""
+    c = top1.float().clamp(min=1e-6)
+    f, logits = f.reshape(1, -1), logits.reshape(1, -1)
+    if isinstance(gate, LearnedGate):
+        q = gate(f.to(gate.fc1.weight.dtype), logits).float().sigmoid().reshape(-1)
+        q = q[: c.numel()]
+        prev = torch.cat([q.new_ones(1), q[:-1]])
+        out = c.clone()
+        out[: q.numel()] = (q / prev.clamp(min=1e-6)).clamp(0.0, 1.0)
+        return out
+    e = min(float(gate.expected_accept(f, logits)), float(c.numel()))
+    if e <= 0:
+        return torch.zeros_like(c)
+
+    def length(r: float) -> float:
+        return float((r * c).clamp(max=1.0).cumprod(0).sum())
+
+    lo, hi = 0.0, 1.0 / float(c.min())  # length(hi) = D
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if length(mid) < e else (lo, mid)
+    return (hi * c).clamp(max=1.0)
+
+
 class HeadProposer:
-    """Medusa / Cerberus: head i's top tokens at the last committed position's feature."""
+    """Medusa / Cerberus: head i's top tokens at the last committed position's feature; with a
+    gate, each depth's probabilities are rescaled to the gate's view of this step
+    (`gate_conditionals`)."""
 
     source = "heads"
 
-    def __init__(self, drafter, target: Target, cfg: DynamicConfig):
+    def __init__(self, drafter, target: Target, cfg: DynamicConfig, gate: nn.Module | None = None):
         from drafters.decoding.heads import draft_token_ids, head_logits
 
-        self.drafter, self.target, self.cfg = drafter, target, cfg
+        self.drafter, self.target, self.cfg, self.gate = drafter, target, cfg, gate
         self.depth = getattr(drafter, "num_heads", None)  # None: every head it has
         self._logits, self._ids = head_logits, draft_token_ids(drafter)
 
-    def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+    def observe(self, features: torch.Tensor, next_tokens: torch.Tensor,
+                logits: torch.Tensor | None = None) -> None:  # fmt: skip
         self.f = features[:, -1:]  # (1, 1, d): the position whose heads guess past the root
+        self.target_logits = logits  # (1, 1, V): the target's at that position (the gate's)
 
     def propose(self, tree: CandidateTree) -> None:
         logits = self._logits(self.drafter, self.f, self.target.lm_head, self.depth).float()
         top = logits.softmax(-1).topk(self.cfg.width, dim=-1)
+        probs = top.values.reshape(-1, self.cfg.width)  # (D, w)
+        if self.gate is not None:
+            cond = gate_conditionals(self.gate, self.f, self.target_logits, probs[:, 0])
+            probs = (probs * (cond / probs[:, 0].clamp(min=1e-6)).unsqueeze(-1)).clamp(max=1.0)
         ids = top.indices if self._ids is None else self._ids.to(top.indices.device)[top.indices]
-        _expand_best_first(tree, top.values, ids, self.source, self.cfg.max_nodes)
+        _expand_best_first(tree, probs, ids.reshape(probs.shape), self.source, self.cfg.max_nodes)
 
     def finish(self) -> None:
         pass
@@ -139,7 +187,8 @@ class FalconProposer:
         self.vocab = getattr(drafter, "vocab", None)
         self.first: torch.Tensor | None = None
 
-    def observe(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+    def observe(self, features: torch.Tensor, next_tokens: torch.Tensor,
+                logits: torch.Tensor | None = None) -> None:  # fmt: skip
         self.first = self.ctx.extend(features, next_tokens)  # pass 1: (1, k, d) or None
 
     def _top(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,15 +274,19 @@ def _explore(tree: CandidateTree, calib: Calibration, ar_run: int, cfg: DynamicC
     return unseen or ar_run + 1 >= cfg.explore_every
 
 
-def proposer_for(drafter, target: Target, cfg: DynamicConfig):
+def proposer_for(drafter, target: Target, cfg: DynamicConfig, gate: nn.Module | None = None):
     """The candidate source for a drafter module (None: n-gram candidates only)."""
     from drafters.models.falcon import FalconDrafter
 
     if drafter is None or not cfg.drafter:
+        if gate is not None:
+            raise ValueError("a gate rescales a head drafter's candidates: there is none here")
         return None
     if isinstance(drafter, FalconDrafter):
+        if gate is not None:
+            raise ValueError("a Falcon drafter has no gate")
         return FalconProposer(drafter, target, cfg)
-    return HeadProposer(drafter, target, cfg)
+    return HeadProposer(drafter, target, cfg, gate)
 
 
 @torch.inference_mode()
@@ -245,11 +298,13 @@ def decode_dynamic(
     cfg: DynamicConfig | None = None,
     cost: list[float] | None = None,
     stream: Callable[[list[int]], None] | None = None,
+    gate: nn.Module | None = None,
 ) -> DecodeResult:
     """Greedy decoding of input_ids (1, T) with a tree built and sized each step; output
     identical to plain greedy. drafter: a head drafter or Falcon module, or None (n-gram
     candidates only). cost: t(n)/t(1) by rows n (`forward_cost_profile`), measured here (once
-    per target and thread count) when not given; unused with a fixed `cfg.budget`.
+    per target and thread count) when not given; unused with a fixed `cfg.budget`. gate: a head
+    drafter's entropy or learned gate, read each step to rescale the heads' estimates.
     `DecodeResult.step_nodes` holds the nodes each step verified."""
     cfg = cfg or DynamicConfig()
     if cfg.budget is None and cost is None:
@@ -259,12 +314,13 @@ def decode_dynamic(
     gen = Generation(input_ids, max_new_tokens, target.eos_token_ids, stream)
     if gen.done:
         return gen.result()
-    proposer = proposer_for(drafter, target, cfg)
+    proposer = proposer_for(drafter, target, cfg, gate)
     index = NgramIndex(max(cfg.ngram, 1))
     calib = Calibration()
     cache = new_cache(target)
     f = target_forward(target, cache, input_ids)  # (1, T, d)
-    root = int(project(target.lm_head, f[:, -1:]).argmax(-1))
+    logits = project(target.lm_head, f[:, -1:])  # (1, 1, V): the target's at the last position
+    root = int(logits.argmax(-1))
     gen.emit([root])
     index.extend(input_ids[0].tolist() + [root])
     next_tokens = torch.cat([input_ids[:, 1:], input_ids.new_tensor([[root]])], dim=1)
@@ -272,7 +328,7 @@ def decode_dynamic(
     while not gen.done:
         tree = CandidateTree(root, calib)
         if proposer is not None:
-            proposer.observe(f, next_tokens)
+            proposer.observe(f, next_tokens, logits)
             proposer.propose(tree)
             proposer.finish()
         if cfg.ngram:
@@ -288,7 +344,8 @@ def decode_dynamic(
         ar_run = ar_run + 1 if n == 0 else 0
         if n == 0:
             f = target_forward(target, cache, torch.tensor([[root]], device=device))
-            root = int(project(target.lm_head, f).argmax(-1))
+            logits = project(target.lm_head, f)
+            root = int(logits.argmax(-1))
             new = [root]
             gen.step(new, drafted=0, tree=False)
         else:
@@ -298,7 +355,7 @@ def decode_dynamic(
             calib.update(tree, chosen, {rows[r] for r in v.path.tolist()})
             new = v.accepted + [v.bonus]
             gen.step(new, drafted=len(v.accepted), tree=True, nodes=n)
-            f, root = v.features, v.bonus
+            f, root, logits = v.features, v.bonus, v.logits
         next_tokens = torch.tensor([new], device=device)
         index.extend(new)
     return gen.result()

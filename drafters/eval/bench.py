@@ -58,7 +58,8 @@ MT_BENCH_CATEGORIES = (
     "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
 )  # fmt: skip
 BUILTIN_METHODS = ("hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit", "ngram")
-GATE_CHOICES = ("none", "default", "entropy", "learned", "budget", "hybrid")
+GATE_CHOICES = ("none", "default", "entropy", "learned", "budget", "hybrid", "budget+entropy",
+                "budget+learned", "hybrid+entropy", "hybrid+learned")  # fmt: skip
 # MT-Bench and Spec-Bench, shipped inside the package (prompts/README.md: sources, licences)
 EVAL_DIR = Path(__file__).resolve().parent / "prompts"
 
@@ -268,7 +269,12 @@ def build_methods(args, target) -> list[Method]:
         for g in own_gates or args.gates:
             g = (drafter.config["gate"]["default"] if g == "default" else g) or "none"
             budget = g in ("budget", "hybrid")  # dynamic trees, every drafter kind
-            if g != "none" and not budget and (drafter.kind == "falcon" or g not in drafter.gates):
+            own = g.partition("+")[2] if "+" in g else g  # the drafter's gate it needs, if any
+            if (
+                g != "none"
+                and not budget
+                and (drafter.kind == "falcon" or own not in drafter.gates)
+            ):
                 continue  # no such gate on this drafter
             gates.append(None if g == "none" else g)
         for g in dict.fromkeys(gates):
