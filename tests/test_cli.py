@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
+import torch
 from train_helpers import ROOT
 
 import drafters.cli as cli
@@ -116,3 +117,25 @@ def test_vllm_commands_name_what_is_wrong(tmp_path, tiny_exported, capsys):
         assert run(export_main, argv) == 1
         assert field in one_error_line(capsys)
         assert not (tmp_path / kind).exists()
+
+
+def test_export_format_vllm_from_a_checkpoint_and_from_a_folder(
+    tmp_path, tiny, tiny_checkpoints, tiny_exported, capsys
+):
+    """Both sources give the same vLLM folder; the target's LM head is read from the drafter's
+    target (here the tiny one, by its identity) and the command prints how to load it."""
+    import json
+
+    from safetensors.torch import load_file
+
+    outs = []
+    for i, source in enumerate((tiny_checkpoints["medusa"], tiny_exported["medusa"])):
+        out = tmp_path / f"vllm{i}"
+        argv = [str(source), str(out), "--format", "vllm", "--full-vocab"]
+        assert run(export_main, argv) == 0
+        assert '"method": "medusa"' in capsys.readouterr().out
+        outs.append(load_file(str(out / "model.safetensors")))
+        assert json.loads((out / "config.json").read_text())["model_type"] == "medusa"
+    assert outs[0].keys() == outs[1].keys()
+    assert all(torch.equal(outs[0][k], outs[1][k]) for k in outs[0])
+    assert torch.equal(outs[0]["lm_heads.0.weight"], tiny.lm_head.weight)
