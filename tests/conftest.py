@@ -20,6 +20,20 @@ os.environ.setdefault("DRAFTERS_KERNEL_CACHE", os.path.join(tempfile.mkdtemp(), 
 
 
 @pytest.fixture(scope="session")
+def needs_vllm():
+    """The vLLM environment (`make setup-vllm`), or a skip; in CI, where `make test` installs
+    it, its absence is a failure."""
+    from drafters.data.engines.vllm_client import VLLMError, vllm_python
+
+    try:
+        vllm_python()
+    except VLLMError as e:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
 def tiny():
     return tiny_target(seed=0)
 

@@ -14,19 +14,7 @@ import pytest
 from drafters.data.corpus import load_distilled
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def needs_vllm():
-    from drafters.data.engines.vllm_client import VLLMError, vllm_python
-
-    try:
-        vllm_python()
-    except VLLMError as e:
-        if os.environ.get("CI") == "true":
-            raise  # CI installs it (make test -> make setup-vllm): missing is a failure there
-        pytest.skip(str(e))
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.usefixtures("needs_vllm")]
 
 
 def command(out, tmp_path, backend="vllm", **extra):

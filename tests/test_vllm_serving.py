@@ -6,7 +6,6 @@ heads accept, position by position, what our own decoder accepts with the same c
 
 import dataclasses
 import json
-import os
 
 import pytest
 import torch
@@ -15,24 +14,12 @@ from drafters.export.format import LoadedDrafter
 from drafters.export.vllm import export_vllm
 from drafters.models import FalconConfig, FalconDrafter, MedusaConfig, MedusaHeads
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.usefixtures("needs_vllm")]
 QUESTIONS = [
     {"question_id": 1, "category": "stem", "turns": ["Why is the sky blue?"]},
     {"question_id": 2, "category": "writing", "turns": ["Write a poem about cats."]},
 ]
 MAX_NEW = 48  # with these prompts and seed 0 the random heads guess 4 tokens right by then
-
-
-@pytest.fixture(scope="module", autouse=True)
-def needs_vllm():
-    from drafters.data.engines.vllm_client import VLLMError, vllm_python
-
-    try:
-        vllm_python()
-    except VLLMError as e:
-        if os.environ.get("CI") == "true":
-            raise  # CI installs it (make test -> make setup-vllm)
-        pytest.skip(str(e))
 
 
 def as_loaded(kind, model, target):
