@@ -85,11 +85,9 @@ def worker_env(iomp: bool, python: str) -> dict:
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
     if iomp:
-        lib = Path(python).resolve().parents[1] / "lib" / "libiomp5.so"
+        lib = Path(python).absolute().parents[1] / "lib" / "libiomp5.so"  # the venv's lib/, beside bin/
         if not lib.is_file():
-            lib = Path(python).parents[1] / "lib" / "libiomp5.so"
-        if not lib.is_file():
-            raise ValueError(f"--iomp: no libiomp5.so beside {python} (pip install intel-openmp)")
+            raise ValueError(f"--iomp: no {lib} (pip install intel-openmp into that environment)")
         env["LD_PRELOAD"] = ":".join(filter(None, [str(lib), env.get("LD_PRELOAD")]))
     return env
 
