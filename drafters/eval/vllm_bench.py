@@ -85,7 +85,7 @@ def worker_env(iomp: bool, python: str) -> dict:
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, sorted(os.sched_getaffinity(0)))))
     if iomp:
-        lib = Path(python).absolute().parents[1] / "lib" / "libiomp5.so"  # the venv's lib/, beside bin/
+        lib = Path(python).absolute().parents[1] / "lib" / "libiomp5.so"  # venv's lib/
         if not lib.is_file():
             raise ValueError(f"--iomp: no {lib} (pip install intel-openmp into that environment)")
         env["LD_PRELOAD"] = ":".join(filter(None, [str(lib), env.get("LD_PRELOAD")]))
