@@ -28,7 +28,8 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 LANES=${LANES:-2}
 BENCH_LANES=${BENCH_LANES:-1}
-BENCH_THREADS=${BENCH_THREADS:-$(($(nproc) / BENCH_LANES > 0 ? $(nproc) / BENCH_LANES : 1))}
+CORES=$(env -u OMP_NUM_THREADS nproc)  # the cores this process may use (nproc alone obeys OMP_NUM_THREADS)
+BENCH_THREADS=${BENCH_THREADS:-$((CORES / BENCH_LANES > 0 ? CORES / BENCH_LANES : 1))}
 STEPS=${STEPS:-100}
 CONVERSATIONS=${CONVERSATIONS:-320}
 OUT=${OUT:-outputs/results}
@@ -158,7 +159,8 @@ bench_args() {  # the methods of every table: HF peers with their tuned knobs, e
   fi
   peers=$($PY -c "import json,sys; p=json.load(open(sys.argv[1])); \
 print(f'--prompt-lookup {p[\"prompt_lookup\"]} --early-exit-layer {p[\"early_exit_layer\"]}', \
-      f'--early-exit-tokens {p[\"early_exit_tokens\"]}')" \
+      f'--early-exit-tokens {p[\"early_exit_tokens\"]}', \
+      f'--early-exit-threshold {p.get(\"early_exit_threshold\", 0.4)}')" \
     "$OUT/tune/peers.json")
   echo "--methods hf_greedy hf_prompt_lookup hf_early_exit $peers --drafter $d/medusa@none \
 --drafter $d/cerberus@none,entropy,learned --drafter $d/falcon_k2_tf --drafter $d/falcon_k2 \

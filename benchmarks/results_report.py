@@ -151,7 +151,8 @@ def tuning_lines(tune_dir: Path) -> list[str]:
         lines.append(
             f"- **HF peers** (tok/s vs the AR loop): {cells}. Chosen: prompt_lookup_num_tokens "
             f"{peers['prompt_lookup']}, assistant_early_exit {peers['early_exit_layer']} "
-            f"with num_assistant_tokens {peers.get('early_exit_tokens', 20)}."
+            f"with num_assistant_tokens {peers.get('early_exit_tokens', 20)} and "
+            f"assistant_confidence_threshold {peers.get('early_exit_threshold', 0.4):g}."
         )
     return lines
 

@@ -317,6 +317,12 @@ def bench_args(argv: list[str] | None = None):
     p.add_argument(
         "--early-exit-tokens", type=int, default=None, help="num_assistant_tokens (HF: 20)"
     )
+    p.add_argument(
+        "--early-exit-threshold",
+        type=float,
+        default=None,
+        help="assistant_confidence_threshold: the draft stops below this probability (HF: 0.4)",
+    )
     p.add_argument("--target", default=None, help="smollm2_135m | tiny | HF id/folder")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, help="target dtype (default float32 on the CPU)")
@@ -367,6 +373,8 @@ def tune_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--early-exit-fractions", type=float, nargs="+", default=[0.1, 0.2, 0.33])
     p.add_argument("--early-exit-tokens", type=int, nargs="+", default=[3, 20],
                    help="num_assistant_tokens (HF's default: 20)")  # fmt: skip
+    p.add_argument("--early-exit-thresholds", type=float, nargs="+", default=[0.0, 0.4, 0.7],
+                   help="assistant_confidence_threshold (HF's default: 0.4; 0: off)")  # fmt: skip
     # where `python data/distill.py` and `python data/cache_features.py` put them, run from the
     # repository root with the embedded target
     p.add_argument("--dataset-dir", default="data/distilled/smollm2_135m/train",

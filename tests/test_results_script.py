@@ -17,7 +17,8 @@ from train_helpers import ROOT, compose_config
 from drafters.cli import bench_args, tune_args
 
 RUNS = ["medusa", "cerberus", "falcon_k2_tf", "falcon_k2", "falcon_k3"]
-PEERS = {"prompt_lookup": 3, "early_exit_layer": 3, "early_exit_tokens": 20}
+PEERS = {"prompt_lookup": 3, "early_exit_layer": 3, "early_exit_tokens": 20,
+         "early_exit_threshold": 0.7}
 
 
 def plan(out, peers=PEERS) -> subprocess.CompletedProcess:
@@ -77,6 +78,7 @@ def test_tune_and_bench_commands_parse(commands, tmp_path):
         # one request at a time with the whole machine, as a user runs it
         assert args.shard == (0, 1) and args.threads == len(os.sched_getaffinity(0))
         assert (args.prompt_lookup, args.early_exit_layer, args.early_exit_tokens) == (3, 3, 20)
+        assert args.early_exit_threshold == 0.7
         names = [d.split("@")[0].rsplit("/", 1)[1] for d in args.drafter]
         assert names == RUNS
         assert args.drafter[1].endswith("@none,entropy,learned")

@@ -14,14 +14,15 @@ def test_tune_chooses_a_tree_per_drafter(tmp_path, tiny_distilled, heldout_cache
             "--sizes", "2", "4", "--no-snap", "--threads", "1",
             "--dataset-dir", str(tiny_distilled),
             "--cache-dir", str(heldout_cache), "--max-length", "64",
-            "--prompt-lookup", "2", "3"]  # fmt: skip
+            "--prompt-lookup", "2", "3", "--early-exit-thresholds", "0", "0.5"]  # fmt: skip
     for kind in ("medusa", "falcon"):
         argv += ["--drafter", str(tiny_exported[kind])]
     assert tune_main(argv) == 0
 
     peers = json.loads((out / "peers.json").read_text())
     assert peers["prompt_lookup"] in (2, 3) and peers["early_exit_layer"] >= 1
-    assert peers["early_exit_tokens"] in (3, 20)
+    assert peers["early_exit_tokens"] in (3, 20) and peers["early_exit_threshold"] in (0, 0.5)
+    assert {"early_exit_1_3_0", "early_exit_1_20_0.5"} <= set(peers["sweep"])
     assert {"ar", "hf_greedy", "prompt_lookup_2", "prompt_lookup_3"} <= set(peers["sweep"])
     for kind in ("medusa", "falcon"):
         name = f"{kind}_tiny"

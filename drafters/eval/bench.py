@@ -125,16 +125,38 @@ def load_questions(path: Path, bench: str, per_category: int | None, seed: int) 
 # ---- methods ------------------------------------------------------------------------------
 
 
+# The assistant's own settings. With `assistant_early_exit` the assistant is the target itself and
+# HF reads these from `model.generation_config`, not from generate()'s keyword arguments (checked
+# on transformers 5.24: passed to generate(), the early-exit drafter still drafts 20 tokens with
+# threshold 0.4), so hf_method sets them on the model's config for the call.
+ASSISTANT_KEYS = ("num_assistant_tokens", "assistant_confidence_threshold",
+                  "num_assistant_tokens_schedule")  # fmt: skip
+
+
 def hf_method(target, name: str, **generate_kwargs) -> Method:
+    """HF `generate(do_sample=False)` with `generate_kwargs` (prompt lookup, early exit, ...)."""
+    kwargs = dict(generate_kwargs)
+    assistant = {}
+    if kwargs.get("assistant_early_exit") is not None:
+        assistant = {k: kwargs.pop(k) for k in ASSISTANT_KEYS if k in kwargs}
+
     def generate(ids: torch.Tensor, n: int) -> tuple[list[int], dict]:
-        out = target.model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=n,
-            pad_token_id=target.tokenizer.pad_token_id,
-            **generate_kwargs,
-        )
+        config = target.model.generation_config
+        saved = {k: getattr(config, k, None) for k in assistant}
+        for k, v in assistant.items():
+            setattr(config, k, v)
+        try:
+            out = target.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=n,
+                pad_token_id=target.tokenizer.pad_token_id,
+                **kwargs,
+            )
+        finally:
+            for k, v in saved.items():
+                setattr(config, k, v)
         return out[0, ids.shape[1] :].tolist(), {}
 
     return Method(name, "hf", generate, dict(generate_kwargs))
@@ -253,9 +275,9 @@ def build_methods(args, target) -> list[Method]:
             methods.append(hf_method(target, name, prompt_lookup_num_tokens=args.prompt_lookup))
         elif name == "hf_early_exit":
             layer = args.early_exit_layer or max(1, target.config.num_hidden_layers // 5)
-            extra = (
-                {"num_assistant_tokens": args.early_exit_tokens} if args.early_exit_tokens else {}
-            )
+            extra = {"num_assistant_tokens": args.early_exit_tokens,
+                     "assistant_confidence_threshold": args.early_exit_threshold}  # fmt: skip
+            extra = {k: v for k, v in extra.items() if v is not None}
             methods.append(hf_method(target, name, assistant_early_exit=layer, **extra))
     taken = {m.name for m in methods}
     for spec in args.drafter:

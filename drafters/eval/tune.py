@@ -26,7 +26,8 @@ measured on the running machine before each turn, and the entropy gate's E[a] ta
 the same held-out conversations at the end of training.
 
 --peers sweeps HF prompt lookup (`prompt_lookup_num_tokens`) and HF early exit
-(`assistant_early_exit` layer x `num_assistant_tokens`, the draft length, HF's default 20) the
+(`assistant_early_exit` layer x `num_assistant_tokens`, the draft length, HF's default 20 x
+`assistant_confidence_threshold`, where the draft stops early, HF's default 0.4) the
 same way and writes <out>/peers.json with the fastest of each.
 """
 
@@ -260,24 +261,29 @@ def tune_peers(args, target, prompts: list[dict]) -> dict:
     methods = [ar_method(target), hf_method(target, "hf_greedy")]
     for n in args.prompt_lookup:
         methods.append(hf_method(target, f"prompt_lookup_{n}", prompt_lookup_num_tokens=n))
-    for frac in args.early_exit_fractions:
-        layer = max(1, round(layers * frac))
+    early_exit = {}  # method name -> (layer, num_assistant_tokens, assistant_confidence_threshold)
+    for layer in sorted({max(1, round(layers * frac)) for frac in args.early_exit_fractions}):
         for n in args.early_exit_tokens:
-            kw = {"assistant_early_exit": layer, "num_assistant_tokens": n}
-            methods.append(hf_method(target, f"early_exit_{layer}_{n}", **kw))
+            for thr in args.early_exit_thresholds:
+                name = f"early_exit_{layer}_{n}_{thr:g}"
+                early_exit[name] = (layer, n, thr)
+                methods.append(hf_method(target, name, assistant_early_exit=layer,
+                                         num_assistant_tokens=n,
+                                         assistant_confidence_threshold=thr))  # fmt: skip
     stats = sweep(target, prompts, methods, args.max_new_tokens)
 
     def best(prefix):
         return max((n for n in stats if n.startswith(prefix)),
                    key=lambda n: stats[n]["tokens_per_s"])  # fmt: skip
 
-    layer, tokens = best("early_exit_").split("_")[2:]
+    layer, tokens, thr = early_exit[best("early_exit_")]
     result = {"sweep": stats, "prompt_lookup": int(best("prompt_lookup_").rsplit("_", 1)[1]),
-              "early_exit_layer": int(layer), "early_exit_tokens": int(tokens)}  # fmt: skip
+              "early_exit_layer": layer, "early_exit_tokens": tokens,
+              "early_exit_threshold": thr}  # fmt: skip
     (Path(args.out) / "peers.json").write_text(json.dumps(result, indent=1))
     print(f"[tune] peers: prompt_lookup_num_tokens {result['prompt_lookup']}, "
-          f"assistant_early_exit {layer} with num_assistant_tokens {tokens}",
-          file=sys.stderr)  # fmt: skip
+          f"assistant_early_exit {layer} with num_assistant_tokens {tokens} and "
+          f"assistant_confidence_threshold {thr:g}", file=sys.stderr)  # fmt: skip
     return result
 
 
