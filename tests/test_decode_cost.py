@@ -17,3 +17,21 @@ def test_decode_cost_prints_every_row():
     kinds = [r.split("|")[1].strip() for r in rows]
     assert kinds == ["HF greedy", "AR loop"] + ["medusa"] * 3 + ["cerberus"] * 3 + ["falcon"] * 3
     assert all(float(r.split("|")[-2]) > 0 for r in rows)
+
+
+def test_before_and_after_in_one_interleaved_run():
+    """--before REF: each round runs both arms (the code of REF, imported from an archive of it,
+    and this tree), and the table has both break-even τ per decoder and tree."""
+    cmd = [sys.executable, "benchmarks/decode_cost.py", "--target", "tiny", "--prompts", "1",
+           "--max-new-tokens", "4", "--before", "HEAD", "--rounds", "2"]  # fmt: skip
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stderr.count("round 1/2: before") == 1 and "round 2/2: after" in res.stderr
+    rows = [ln.split("|")[1:-1] for ln in res.stdout.splitlines() if ln.startswith("| ")]
+    assert "before: break-even τ" in rows[0][3] and rows[0][6].strip() == "after / before"
+    body = [[c.strip() for c in r] for r in rows[1:]]
+    assert [r[0] for r in body] == ["HF greedy", "AR loop"] + ["medusa"] * 3 + ["cerberus"] * 3 + [
+        "falcon"
+    ] * 3
+    for r in body[1:]:
+        assert float(r[3].split()[0]) > 0 and float(r[5].split()[0]) > 0 and float(r[6]) > 0
