@@ -264,3 +264,23 @@ def test_a_budget_gate_input_the_drafter_lacks_is_refused(tiny_exported):
     falcon = load_drafter(tiny_exported["falcon"], target)
     with pytest.raises(ValueError, match="has no gate"):
         speculative_decode(target, falcon, ids, 4, gate="hybrid+entropy")
+
+
+def test_bench_in_bf16_reports_agreement_not_lossless(tmp_path, tiny_exported):
+    """--dtype bfloat16: target and drafters run in bf16, every turn records whether it equals
+    HF greedy in bf16 and where it first differs, and the table says "same as", never
+    "lossless" (issue 18: agreement measured, not assumed)."""
+    out = tmp_path / "bench_bf16"
+    argv = ["--eval-dir", str(write_eval(tmp_path / "eval")), "--per-category", "1",
+            "--max-new-tokens", "12", "--threads", "1", "--dtype", "bfloat16",
+            "--methods", "hf_greedy", "ar", "--out", str(out),
+            "--drafter", str(tiny_exported["medusa"]) + "@none",
+            "--drafter", str(tiny_exported["falcon"])]  # fmt: skip
+    assert bench_main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["settings"]["dtype"] == "bfloat16"
+    turns = [t for r in res["records"] for t in r["turns"]]
+    assert turns and all(isinstance(t["lossless"], bool) for t in turns)
+    assert all((t["first_divergence"] is None) == t["lossless"] for t in turns)
+    table = (out / "results.md").read_text()
+    assert "same as hf_greedy (bfloat16)" in table and "| lossless |" not in table
