@@ -202,7 +202,7 @@ def before_after(args) -> None:
         b, a = cell("before", i), cell("after", i)
         print(f"| {row['decoder']} | {row['tree']} | {b[0]:.1f} | {b[1]:.2f} ({b[2]:.2f}-"
               f"{b[3]:.2f}) | {a[0]:.1f} | {a[1]:.2f} ({a[2]:.2f}-{a[3]:.2f}) | "
-              f"{a[1] / b[1]:.2f} |")  # fmt: skip
+              f"{a[1] / b[1] if b[1] > 0 else float('nan'):.2f} |")  # fmt: skip
 
 
 def main() -> None:
