@@ -30,6 +30,38 @@ def test_answer_token_subsets_are_nested_and_read_the_parent_cache(tmp_path, tin
     assert cache[small.examples[0].key].shape[0] == len(small.examples[0].input_ids)
 
 
+def test_a_budgeted_cache_holds_only_its_subset_and_grows_to_a_larger_one(
+    tmp_path, tiny, tiny_distilled
+):
+    """`python data/cache_features.py data.max_train_tokens=N`: the subset's training examples
+    and all of validation; a smaller budget reads it, the whole corpus is told it lacks some."""
+    from hydra.utils import instantiate
+
+    from drafters.training.feature_cache import cache_features
+
+    def config(*extra):
+        return compose_config(
+            "train", tiny_overrides(tmp_path, tiny_distilled, "data.features=offline", *extra)
+        )
+
+    def data(*extra):
+        dm = instantiate(config(*extra).data).attach(tiny)
+        dm.setup()
+        return dm
+
+    budget = cache_features(config("data.max_train_tokens=200"))
+    full, smaller = data(), data("data.max_train_tokens=60")
+    assert budget["train"]["num_examples"] < len(full.train_set)
+    assert budget["validation"]["num_examples"] == len(full.val_set)
+    FeatureCache(smaller.cache_folder("train"), tiny, smaller.train_set)  # served
+    with pytest.raises(FeatureCacheError, match="smaller data.max_train_tokens"):
+        FeatureCache(full.cache_folder("train"), tiny, full.train_set)
+    whole = cache_features(config())  # adds only the rest
+    added = whole["train"]["this_build"]["added"]
+    assert added == len(full.train_set) - budget["train"]["num_examples"]
+    FeatureCache(full.cache_folder("train"), tiny, full.train_set)
+
+
 def test_max_train_tokens_cuts_training_not_validation(tmp_path, tiny_distilled):
     from hydra.utils import instantiate
 

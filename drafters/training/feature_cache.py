@@ -248,7 +248,8 @@ class FeatureCache:
         if missing:
             raise FeatureCacheError(
                 f"feature cache {self.folder} lacks {missing} of these {len(examples)} examples "
-                "(unfinished, or the corpus grew); `python data/cache_features.py` adds them"
+                "(unfinished, built for a smaller data.max_train_tokens, or the corpus grew); "
+                "`python data/cache_features.py` with this run's overrides adds them"
             )
         self.shards: dict[int, np.ndarray] = {}
         self.entropy_shards: dict[int, np.ndarray | None] = {}
@@ -272,12 +273,15 @@ class FeatureCache:
 
 def cache_features(cfg) -> dict:
     """The `python data/cache_features.py [train.py overrides]` job: both splits of the
-    configured data, for the configured target, into `data.cache_dir`."""
+    configured data (the training subset of data.max_train_tokens where set), for the
+    configured target, into `data.cache_dir`."""
     from hydra.utils import instantiate
 
     target = instantiate(cfg.target)
-    # every example: a run on a subset (data.max_train_tokens) reads its part of this cache
-    dm = instantiate(cfg.data, max_train_tokens=None).attach(target)
+    # data.max_train_tokens: only that subset's training examples (all of validation). The
+    # subsets are nested, so a cache built for a budget serves every smaller one, and a larger
+    # budget (or null: the whole corpus) later adds only its new examples.
+    dm = instantiate(cfg.data).attach(target)
     dm.setup()
     dtype = cfg.get("features_dtype", "bfloat16")
     part = str(cfg.get("features_part") or "0/1")
