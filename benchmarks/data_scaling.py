@@ -14,7 +14,10 @@ per-depth acceptance P(a >= d) = share of verification steps that accepted at le
 tokens.
 
 Resumable: a finished run (its `drafter/` exported) is not trained again, an interrupted one
-resumes (`ckpt_path=last`), and a decoded run's result (`--out/<run>.json`) is kept.
+resumes (`ckpt_path=last`), and a decoded run's result (`--out/<run>.json`) is kept. A finished
+run with the same training config under the same --log-dir is reused whatever its name (the
+Falcon ablation's decode_k2 at the same budget), and a run folder that holds other settings is
+refused, naming them (benchmarks/heldout.py, train_run).
 Hours on one core: pin it (`taskset -c 1`) and run it in the background.
 """
 

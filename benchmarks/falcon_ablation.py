@@ -20,7 +20,10 @@ best.ckpt on val/accept_len_est); extra overrides go to every run alike. Then, p
   checked against the AR loop's, split by N mod k (a misalignment shows as a gap).
 
 Resumable as data_scaling.py: an exported run is not retrained, a decoded one is not redone
-(`--out/<run>.json`). Hours on one core: pin it (`taskset -c 1`) and run it in the background.
+(`--out/<run>.json`), and a finished run with the same training config under the same --log-dir
+is reused whatever its name: decode_k2 at --tokens N is data_scaling.py's Falcon run at N when
+both get the same overrides. Hours on one core: pin it (`taskset -c 1`) and run it in the
+background.
 """
 
 from __future__ import annotations

@@ -18,12 +18,70 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# what says where a run writes or how it reports, not what it trains
+NOT_TRAINING = ("run_name", "run_dir", "paths", "ckpt_path", "logger")
+
+
+def training_config(experiment: str, overrides: list[str]) -> dict:
+    """The train.py config a run composes (interpolations unresolved, as Hydra saves it in the
+    run's .hydra/config.yaml), without the keys that do not change training."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        cfg = compose("train", overrides=[f"+experiment={experiment}", *overrides])
+    return _training_part(OmegaConf.to_container(cfg, resolve=False))
+
+
+def _training_part(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k not in NOT_TRAINING}
+
+
+def _saved_config(run_dir: Path) -> dict | None:
+    saved = run_dir / ".hydra" / "config.yaml"
+    if not saved.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    return _training_part(OmegaConf.to_container(OmegaConf.load(saved), resolve=False))
+
+
+def _differences(a, b, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested config dicts."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return [] if a == b else [prefix or "(root)"]
+    out = []
+    for key in sorted(set(a) | set(b), key=str):
+        out += _differences(a.get(key), b.get(key), f"{prefix}{key}.")
+    return [k.rstrip(".") for k in out]
+
+
 def train_run(name: str, experiment: str, overrides: list[str], log_dir: str) -> Path:
     """Train (or resume, `ckpt_path=last`) `python train.py +experiment=<experiment>` as run
-    `name`; returns its run folder once its drafter is exported (then it is never retrained)."""
-    run_dir = Path(log_dir) / "train" / name
+    `name`; returns its run folder once its drafter is exported (then it is never retrained).
+
+    A finished run under the same log_dir whose saved training config equals this one (the
+    same experiment and overrides, whatever its name: the ablation's decode_k2 at 1M tokens is
+    the scaling curve's Falcon at 1M) is returned instead of training again. A folder `name`
+    that holds a run with other settings is refused, naming them, rather than resumed or
+    reused. The config says which corpus folder, not what is in it: after re-distilling the
+    corpus, use a new --log-dir."""
+    runs = Path(log_dir) / "train"
+    run_dir = runs / name
+    want = training_config(experiment, [f"paths.log_dir={log_dir}", *overrides])
+    have = _saved_config(run_dir)
+    if have is not None and have != want:
+        diff = ", ".join(_differences(have, want)[:5])
+        raise SystemExit(
+            f"{run_dir} holds a run with other settings ({diff}); delete that folder, or pass "
+            "another --log-dir, to train this one"
+        )
     if (run_dir / "drafter" / "config.json").is_file():
         return run_dir
+    for other in sorted(runs.glob("*/drafter/config.json")) if runs.is_dir() else []:
+        if _saved_config(other.parent.parent) == want:
+            print(f"[{name}] the same training as {other.parent.parent.name}: reused", flush=True)
+            return other.parent.parent
     cmd = [
         sys.executable, "train.py", f"+experiment={experiment}", f"run_name={name}",
         f"paths.log_dir={log_dir}", "ckpt_path=last", "logger=csv", *overrides,

@@ -27,3 +27,35 @@ def test_scaling_runs_resume_and_report(tmp_path, tiny_distilled):
     assert "| scaling_medusa_60 |" in res.stdout and "| scaling_medusa_all |" in res.stdout
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert again.returncode == 0 and "[scaling] " not in again.stdout  # nothing redone
+
+
+def _heldout():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("heldout", ROOT / "benchmarks/heldout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_run_with_the_same_training_is_reused_and_one_with_other_settings_refused(
+    tmp_path, tiny_distilled, capsys
+):
+    """heldout.train_run: the ablation's decode_k2 and the scaling curve's Falcon at one budget
+    are one training; a run folder never resumes or serves other settings."""
+    import pytest
+
+    heldout = _heldout()
+    over = [o for o in tiny_overrides(tmp_path, tiny_distilled) if not o.startswith("paths.")]
+    over += ["drafter.model.draft_vocab_size=64", "data.max_train_tokens=60",
+             "trainer.val_check_interval=1.0"]  # fmt: skip
+    logs = str(tmp_path / "logs")
+    first = heldout.train_run("scaling_falcon_60", "falcon_smollm2", over, logs)
+    assert (first / "drafter" / "config.json").is_file()
+    # the same settings spelled otherwise (k=2 and the decode variant are the defaults)
+    same = ["drafter.model.k=2", "drafter.csgd.variant=decode", *over]
+    assert heldout.train_run("ablation_decode_k2_60", "falcon_smollm2", same, logs) == first
+    assert "the same training as scaling_falcon_60: reused" in capsys.readouterr().out
+    assert not (tmp_path / "logs" / "train" / "ablation_decode_k2_60").exists()
+    with pytest.raises(SystemExit, match=r"other settings \(optim\.lr\)"):
+        heldout.train_run("scaling_falcon_60", "falcon_smollm2", [*over, "optim.lr=0.5"], logs)
