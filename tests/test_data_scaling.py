@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from train_helpers import ROOT, tiny_overrides
+from train_helpers import ROOT, load_script, tiny_overrides
 
 
 def test_scaling_runs_resume_and_report(tmp_path, tiny_distilled):
@@ -29,15 +29,6 @@ def test_scaling_runs_resume_and_report(tmp_path, tiny_distilled):
     assert again.returncode == 0 and "[scaling] " not in again.stdout  # nothing redone
 
 
-def _heldout():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("heldout", ROOT / "benchmarks/heldout.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_run_with_the_same_training_is_reused_and_one_with_other_settings_refused(
     tmp_path, tiny_distilled, capsys
 ):
@@ -45,7 +36,7 @@ def test_a_run_with_the_same_training_is_reused_and_one_with_other_settings_refu
     are one training; a run folder never resumes or serves other settings."""
     import pytest
 
-    heldout = _heldout()
+    heldout = load_script("benchmarks/heldout.py")
     over = [o for o in tiny_overrides(tmp_path, tiny_distilled) if not o.startswith("paths.")]
     over += ["drafter.model.draft_vocab_size=64", "data.max_train_tokens=60",
              "trainer.val_check_interval=1.0"]  # fmt: skip

@@ -1,17 +1,12 @@
 """docs/results.md generation: generated blocks are replaced in place, written text around them
 stays, and a benchmark still running is reported with the questions it covers."""
 
-import importlib.util
 import json
 
-from train_helpers import ROOT
+from train_helpers import load_script
 
 # a repository script, not part of the package
-_spec = importlib.util.spec_from_file_location(
-    "results_report", ROOT / "benchmarks/results_report.py"
-)
-results_report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(results_report)
+results_report = load_script("benchmarks/results_report.py")
 bench_tables, fill = results_report.bench_tables, results_report.fill
 
 

@@ -39,3 +39,13 @@ def tiny_overrides(tmp_path, dataset_dir, *extra: str) -> list[str]:
         f"paths.log_dir={tmp_path / 'logs'}",
         *extra,
     ]
+
+
+def load_script(path: str):
+    """A repository script (benchmarks/*.py, not part of the package) as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
