@@ -28,7 +28,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from heldout import ROOT, add_run_args, decode_heldout, heldout_depths, start, train_run
+from heldout import (
+    ROOT,
+    add_run_args,
+    decode_heldout,
+    heldout_depths,
+    start,
+    steps_cell,
+    train_run,
+)
 
 from drafters.data.corpus import finalize, shard_path
 
@@ -142,7 +150,7 @@ def main() -> None:
         print(f"| {r['name']} | {e.get('engine')} {e.get('version')}, {e.get('dtype')} "
               f"| {r['conversations']} | {r['answer_tokens']:,} "
               f"| {v['identical']}/{v['answers']} ({v['mean_common_prefix']}) "
-              f"| {r['global_step']} | {r['tau']:.3f} | {depth} | {rates} |")  # fmt: skip
+              f"| {steps_cell(r)} | {r['tau']:.3f} | {depth} | {rates} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from heldout import add_run_args, decode_heldout, start, train_run
+from heldout import add_run_args, decode_heldout, start, steps_cell, train_run
 
 
 def run_name(drafter: str, budget: str) -> str:
@@ -57,11 +57,13 @@ def main() -> None:
     print(f"\n{len(prompts)} held-out ShareGPT first turns, {args.max_new_tokens} new tokens, "
           f"greedy, chain of depth {args.depth}, every output equal to AR's\n")  # fmt: skip
     heads = " | ".join(f"P(a>={k})" for k in range(1, args.depth + 1))
+    print("steps: the chosen checkpoint's; (epochs the fit ran, what ended it: early = the "
+          "early-stopping rule, cap = trainer.max_steps, not converged)\n")  # fmt: skip
     print(f"| run | answer tokens trained on | steps | τ | {heads} |")
     print("|---|---:|---:|---:|" + "---:|" * args.depth)
     for r in rows:
         depth = " | ".join(f"{x:.3f}" for x in r["accept_at_depth"])
-        print(f"| {r['run']} | {r['train_answer_tokens']} | {r['global_step']} | "
+        print(f"| {r['run']} | {r['train_answer_tokens']} | {steps_cell(r)} | "
               f"{r['tau']:.3f} | {depth} |")  # fmt: skip
 
 

@@ -31,7 +31,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from heldout import ROOT, add_run_args, decode_heldout, heldout_depths, start, train_run
+from heldout import (
+    ROOT,
+    add_run_args,
+    decode_heldout,
+    heldout_depths,
+    start,
+    steps_cell,
+    train_run,
+)
 
 RUNS: dict[str, list[str]] = {}
 for _k in (2, 3):
@@ -81,7 +89,7 @@ def main() -> None:
         k, rates = r["k"], r["depth_rates"]
         tf = rates[:k] * 2
         phases = " / ".join(f"{p}: {t:.2f}" for p, t in r["tau_by_phase"].items() if t)
-        print(f"| {r['name']} | {k} | {r['global_step']} | {' '.join(f'{x:.3f}' for x in rates)} "
+        print(f"| {r['name']} | {k} | {steps_cell(r)} | {' '.join(f'{x:.3f}' for x in rates)} "
               f"| {' '.join(f'{x:.3f}' for x in tf)} | {r['tau']:.3f} | {phases} |")  # fmt: skip
 
 

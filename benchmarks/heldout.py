@@ -97,7 +97,8 @@ def decode_heldout(
     """Greedy chain decoding of depth `depth` on every prompt, each output checked against the AR
     loop's. Returns tau (bonus included), accept_at_depth (P(a >= d): the share of verification
     steps that accepted at least d drafted tokens), tau_by_phase (Falcon: {r: tau over steps
-    with N mod k = r}), the training steps and answer tokens the run saw."""
+    with N mod k = r}), the training steps and answer tokens the run saw, and how its fit ended
+    (`fit_end.json`: epochs, ended_by early_stopping | max_steps | max_time | max_epochs)."""
     import torch
 
     from drafters.decoding import decode_ar
@@ -123,6 +124,8 @@ def decode_heldout(
             phase[r][1] += c["tokens"]
     at_depth = [sum(a >= i for a in accept) / max(len(accept), 1) for i in range(1, depth + 1)]
     vocab = run_dir / "draft_vocab.json"
+    ended = run_dir / "fit_end.json"
+    ended = json.loads(ended.read_text()) if ended.is_file() else {}
     return {
         "run": run_dir.name,
         "kind": d.kind,
@@ -130,6 +133,8 @@ def decode_heldout(
         if vocab.is_file()
         else None,
         "global_step": d.config.get("source", {}).get("global_step"),
+        "epochs": ended.get("epochs"),
+        "ended_by": ended.get("ended_by"),
         "prompts": len(prompts),
         "tau": emitted / forwards if forwards else None,
         "accept_at_depth": [round(x, 4) for x in at_depth],
@@ -139,6 +144,18 @@ def decode_heldout(
         "tree": tree,
         "lossless": True,
     }
+
+
+def steps_cell(row: dict) -> str:
+    """The table cell of a run's training: the chosen checkpoint's step, then the epochs the fit
+    ran and what ended it ("early" = the early-stopping rule: converged by the budget rule;
+    "cap" = trainer.max_steps: not converged; "epochs" = trainer.max_epochs)."""
+    short = {"early_stopping": "early", "max_steps": "cap", "max_epochs": "epochs",
+             "max_time": "time"}  # fmt: skip
+    cell = str(row["global_step"])
+    if row.get("ended_by"):
+        cell += f" ({row['epochs']} ep, {short.get(row['ended_by'], row['ended_by'])})"
+    return cell
 
 
 def heldout_depths(

@@ -122,6 +122,8 @@ def test_best_checkpoint_export_and_wandb_artifact(tmp_path, tiny_distilled, mon
     exported = json.loads((run_dir / "drafter" / "config.json").read_text())
     assert exported["source"]["checkpoint"].endswith("best.ckpt")
     assert exported["source"]["global_step"] == best["global_step"]
+    ended = json.loads((run_dir / "fit_end.json").read_text())  # the cap ended it, not the rule
+    assert ended["ended_by"] == "max_steps" and ended["global_step"] == 4 and ended["epochs"] > 0
     (offline,) = (run_dir / "wandb").glob("offline-run-*")
     # the artifact is in the offline run. wandb-core's service process writes the .wandb file
     # and may close it just after finish() returns: on a loaded machine CI once read only its
@@ -144,6 +146,21 @@ def test_accuracy_metrics_only_on_logging_steps(tmp_path, tiny_distilled):
     train_rows = [r for r in rows if r.get("train/loss")]
     assert [int(r["step"]) for r in train_rows] == [1, 3]  # Lightning logs steps 2 and 4
     assert all(r["train/acc_pos1"] and r["train/tokens_per_s"] for r in train_rows)
+
+
+def test_a_run_that_the_early_stopping_rule_ends_says_so(tmp_path, tiny_distilled):
+    """fit_end.json tells a converged run (the rule ended it) from a capped one: here no
+    validation after the first improves by min_delta, so patience 1 stops it at step 2."""
+    over = tiny_overrides(
+        tmp_path, tiny_distilled, "drafter=medusa", "trainer.max_steps=50",
+        "trainer.val_check_interval=1", "callbacks.early_stopping.patience=1",
+        "callbacks.early_stopping.min_delta=100", "drafter.model.draft_vocab_size=32",
+    )  # fmt: skip
+    cfg = compose_config("train", over)
+    train(cfg)
+    ended = json.loads((Path(cfg.run_dir) / "fit_end.json").read_text())
+    assert ended["ended_by"] == "early_stopping" and ended["reason"] == "patience_exhausted"
+    assert ended["global_step"] == 2
 
 
 def test_partial_merge_of_a_corpus_still_being_made(tmp_path, tiny, tiny_distilled):

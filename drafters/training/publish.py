@@ -6,7 +6,9 @@ stops improving (early_stopping.yaml). When fit ends, `PublishDrafter`
 (conf/callbacks/publish.yaml) exports that checkpoint (last.ckpt when no validation ran) to
 `run_dir/drafter` with `drafters.export.export_checkpoint` and, when the run logs to W&B, logs
 the folder as a `model` artifact with the step, the checkpoint and its `val/accept_len_est` as
-metadata (offline runs keep it in the offline run folder until `wandb sync`).
+metadata (offline runs keep it in the offline run folder until `wandb sync`). It also writes
+`run_dir/fit_end.json`: how the fit ended (`fit_end`), so that a comparison can tell a run that
+early stopping ended (converged by the rule) from one that hit the step cap or the epoch limit.
 """
 
 from __future__ import annotations
@@ -16,10 +18,35 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, EarlyStopping, Timer
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.loggers import WandbLogger
 
+from drafters.io_utils import write_json_atomic
 from drafters.training.run import is_checkpoint
+
+
+def fit_end(trainer: L.Trainer) -> dict:
+    """How a finished fit ended: `ended_by` early_stopping (the rule's patience ran out, or a
+    non-finite metric: `reason`), max_steps (the cap), max_time, or max_epochs; the optimizer
+    steps and the epochs they make (fractional: steps x accumulation / batches an epoch)."""
+    out: dict[str, Any] = {"global_step": int(trainer.global_step)}
+    batches = trainer.num_training_batches
+    if isinstance(batches, int) and batches > 0:
+        out["epochs"] = round(trainer.global_step * trainer.accumulate_grad_batches / batches, 3)
+    stops = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)]
+    stopped = [c for c in stops if c.stopping_reason != EarlyStoppingReason.NOT_STOPPED]
+    timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
+    if stopped:
+        out["ended_by"] = "early_stopping"
+        out["reason"] = stopped[0].stopping_reason.name.lower()
+    elif trainer.max_steps not in (None, -1) and trainer.global_step >= trainer.max_steps:
+        out["ended_by"] = "max_steps"
+    elif timers and timers[0].time_remaining() is not None and timers[0].time_remaining() <= 0:
+        out["ended_by"] = "max_time"
+    else:
+        out["ended_by"] = "max_epochs"
+    return out
 
 
 class PublishDrafter(Callback):
@@ -31,8 +58,10 @@ class PublishDrafter(Callback):
         dtype: str = "float32",
         artifact_name: str | None = None,
         monitor: str = "val/accept_len_est",
+        summary: str | None = None,
     ):
         self.out_dir = Path(out_dir)
+        self.summary = Path(summary) if summary else None  # fit_end.json
         self.checkpoints = [Path(p) for p in checkpoints]  # first that exists wins
         self.tree, self.dtype = tree, dtype
         self.artifact_name, self.monitor = artifact_name, monitor
@@ -48,13 +77,17 @@ class PublishDrafter(Callback):
             return
         from drafters.export import export_checkpoint
 
+        ended = fit_end(trainer)
+        if self.summary is not None:
+            write_json_atomic(self.summary, ended)
+        print(f"[train] fit ended: {ended}", flush=True)
         ckpt = self.chosen_checkpoint()
         if ckpt is None:
             print("[train] no checkpoint to export (none of: "
                   f"{', '.join(map(str, self.checkpoints))})", flush=True)  # fmt: skip
             return
         folder = export_checkpoint(ckpt, self.out_dir, self.dtype, self.tree, overwrite=True)
-        meta = self._metadata(ckpt)
+        meta = {**self._metadata(ckpt), "fit_ended_by": ended["ended_by"]}
         self.exported = {"folder": str(folder), **meta}
         print(f"[train] exported {ckpt.name} -> {folder} ({meta})", flush=True)
         for lg in trainer.loggers:
