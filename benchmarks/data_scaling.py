@@ -4,14 +4,14 @@
 
 For every drafter and token budget: one `python train.py +experiment=<drafter>_smollm2` run on a
 nested subset of at most that many answer tokens (`data.max_train_tokens`; `all` = the whole
-corpus), under one budget rule for every run (the experiment's: up to 10 epochs, early stopping
-and best.ckpt on val/accept_len_est; extra overrides go to every run alike), exported at its
-end (`logs/train/<run>/drafter`). Then the drafter decodes held-out ShareGPT first turns
-(the corpus's validation split by conversation id: never trained on, never the evaluation
-sets) beside the plain AR loop, greedy, on the drafter's chain of depth --depth; every output
-is checked against AR's. Reported per run: answer tokens trained on, τ (bonus included) and the
-per-depth acceptance P(a >= d) = share of verification steps that accepted at least d drafted
-tokens.
+corpus), under one budget rule for every run (the experiment's: up to 10 epochs and 2,000 steps,
+early stopping and best.ckpt on val/accept_len_est; extra overrides go to every run alike),
+exported at its end (`logs/train/<run>/drafter`). Then the drafter decodes held-out ShareGPT
+first turns (the corpus's validation split by conversation id: never trained on, never the
+evaluation sets) beside the plain AR loop, greedy, on the drafter's chain of depth --depth;
+every output is checked against AR's. Reported per run: answer tokens trained on, the steps,
+epochs and what ended the fit (fit_end.json), τ (bonus included) and the per-depth acceptance
+P(a >= d) = share of verification steps that accepted at least d drafted tokens.
 
 Resumable: a finished run (its `drafter/` exported) is not trained again, an interrupted one
 resumes (`ckpt_path=last`), and a decoded run's result (`--out/<run>.json`) is kept. A finished

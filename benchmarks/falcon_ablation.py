@@ -8,8 +8,8 @@ Runs (`RUNS`; --runs picks some): tf_k{k} (`drafter.csgd.teacher_forcing_only=tr
 paper_k{k} (`drafter.csgd.variant=paper`), decode_k{k} (the default), decode_k{k}_reversed
 (`drafter.model.assignment=reversed`), for k = 2, 3. Every run is
 `python train.py +experiment=falcon_smollm2` on the same nested subset of at most --tokens
-answer tokens, under the experiment's one budget rule (up to 10 epochs, early stopping and
-best.ckpt on val/accept_len_est); extra overrides go to every run alike. Then, per run:
+answer tokens, under the experiment's one budget rule (up to 10 epochs and 2,000 steps, early
+stopping and best.ckpt on val/accept_len_est); extra overrides go to every run alike. Then, per run:
 
 - held-out per-depth rates on the corpus's validation split (its offline feature cache):
   P(depth d's top-1 draft right | the depths above right), as decoded

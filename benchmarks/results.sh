@@ -27,9 +27,10 @@
 #   report  docs/results.md from the bench and training outputs
 #   plan    (not in the default list) print the train, tune and bench commands; runs nothing
 # The budget rule, the same for every run: the same corpus, batch (4 x up to 512 tokens) and
-# schedule: up to EPOCHS epochs, validation 4 times an epoch, early stopping when the held-out
-# acceptance estimate (val/accept_len_est) has not improved for 4 validations; the drafter is
-# the best checkpoint on it (conf/callbacks/). MAX_STEPS caps every run alike (-1: no cap).
+# schedule: the *_smollm2 experiments' (README: Budget): up to EPOCHS epochs and at most
+# MAX_STEPS optimizer steps, validation every 100 steps on 64 held-out batches, early stopping
+# when the held-out acceptance estimate (val/accept_len_est) has not improved for 4 validations;
+# the drafter is the best checkpoint on it (conf/callbacks/); fit_end.json says what ended a run.
 # Knobs (environment): PY, LANES (parallel lanes for train/tune; default 2 on 2 cores),
 # BENCH_LANES (default 1: the benchmark gives one request the whole machine, BENCH_THREADS =
 # cores / BENCH_LANES threads, as a user would run it; more lanes are faster and are labelled),
@@ -44,7 +45,7 @@ CORES=$(env -u OMP_NUM_THREADS nproc)  # the cores this process may use (nproc a
 BENCH_LANES=${BENCH_LANES:-1}
 BENCH_THREADS=${BENCH_THREADS:-$((CORES / BENCH_LANES > 0 ? CORES / BENCH_LANES : 1))}
 EPOCHS=${EPOCHS:-10}
-MAX_STEPS=${MAX_STEPS:--1}
+MAX_STEPS=${MAX_STEPS:-2000}
 OUT=${OUT:-outputs/results}
 ZOO=${ZOO:-zoo/smollm2_135m}
 LOG=$OUT/logs
@@ -59,11 +60,8 @@ RUNS=(
   "falcon_k3|falcon_smollm2|drafter.model.k=3"
   "falcon_k2_paper|falcon_smollm2|drafter.model.k=2 drafter.csgd.variant=paper"
 )
-BUDGET="data.features=offline data.max_length=512 data.batch_size=4 \
-trainer.max_epochs=$EPOCHS trainer.max_steps=$MAX_STEPS trainer.val_check_interval=0.25 \
-trainer.check_val_every_n_epoch=1 callbacks.early_stopping.patience=4 \
-callbacks.early_stopping.min_delta=0.005 trainer.log_every_n_steps=25 \
-trainer.enable_progress_bar=false"
+BUDGET="data.features=offline trainer.max_epochs=$EPOCHS trainer.max_steps=$MAX_STEPS \
+trainer.log_every_n_steps=25 trainer.enable_progress_bar=false"
 
 # Run "$@" (a list of shell commands, one per job) at most LANES at a time, one thread each;
 # fails if any job failed, after all have ended.

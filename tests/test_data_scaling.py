@@ -15,6 +15,7 @@ def test_scaling_runs_resume_and_report(tmp_path, tiny_distilled):
         "--tokens", "60", "all", "--prompts", "2", "--max-new-tokens", "12", "--depth", "3",
         "--target", "tiny", "--log-dir", str(tmp_path / "logs"), "--out", str(tmp_path / "out"),
         *over, "drafter.model.draft_vocab_size=64", "trainer.val_check_interval=1.0",
+        "trainer.check_val_every_n_epoch=1",
         "trainer.max_epochs=3",
     ]  # fmt: skip
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -39,7 +40,7 @@ def test_a_run_with_the_same_training_is_reused_and_one_with_other_settings_refu
     heldout = load_script("benchmarks/heldout.py")
     over = [o for o in tiny_overrides(tmp_path, tiny_distilled) if not o.startswith("paths.")]
     over += ["drafter.model.draft_vocab_size=64", "data.max_train_tokens=60",
-             "trainer.val_check_interval=1.0"]  # fmt: skip
+             "trainer.val_check_interval=1.0", "trainer.check_val_every_n_epoch=1"]  # fmt: skip
     logs = str(tmp_path / "logs")
     first = heldout.train_run("scaling_falcon_60", "falcon_smollm2", over, logs)
     assert (first / "drafter" / "config.json").is_file()

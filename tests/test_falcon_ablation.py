@@ -16,6 +16,7 @@ def test_ablation_runs_report_and_resume(tmp_path, tiny_distilled, heldout_cache
         "--dataset-dir", str(tiny_distilled), "--cache-dir", str(heldout_cache),
         "--max-length", "64", "--log-dir", str(tmp_path / "logs"), "--out", str(tmp_path / "out"),
         *over, "drafter.model.draft_vocab_size=64", "trainer.val_check_interval=1.0",
+        "trainer.check_val_every_n_epoch=1",
         "trainer.max_epochs=2",
     ]  # fmt: skip
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)

@@ -63,9 +63,11 @@ def test_every_run_composes_with_one_training_budget(commands):
     budget = {n: (c.data, c.trainer, c.optim, c.callbacks.early_stopping) for n, c in cfgs.items()}
     assert all(b == budget["medusa"] for b in budget.values()), "runs differ in their budget"
     medusa = cfgs["medusa"]
-    # to convergence: epochs, not steps; early stopping and the exported checkpoint on the
-    # held-out acceptance estimate
-    assert medusa.trainer.max_steps == -1 and medusa.trainer.max_epochs == 10
+    # the experiments' rule: up to 10 epochs and a 2,000-step cap, validation every 100 steps on
+    # 64 held-out batches; early stopping and the exported checkpoint on the acceptance estimate
+    assert medusa.trainer.max_steps == 2000 and medusa.trainer.max_epochs == 10
+    assert medusa.trainer.val_check_interval == 100 and medusa.trainer.limit_val_batches == 64
+    assert medusa.trainer.check_val_every_n_epoch is None
     assert medusa.data.max_length == 512 and medusa.data.features == "offline"
     assert medusa.callbacks.early_stopping.monitor == "val/accept_len_est"
     assert medusa.callbacks.best_checkpoint.monitor == "val/accept_len_est"
