@@ -1,6 +1,7 @@
 """Data-scaling curve: held-out acceptance of drafters trained on more and more distilled tokens.
 
     python benchmarks/data_scaling.py --drafters falcon medusa --tokens 100000 300000 1000000 all
+    python benchmarks/data_scaling.py --drafters falcon --tokens 100000 -- data.features=offline
 
 For every drafter and token budget: one `python train.py +experiment=<drafter>_smollm2` run on a
 nested subset of at most that many answer tokens (`data.max_train_tokens`; `all` = the whole
@@ -26,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from heldout import add_run_args, decode_heldout, start, steps_cell, train_run
+from heldout import add_run_args, decode_heldout, start, steps_cell, token_budget, train_run
 
 
 def run_name(drafter: str, budget: str) -> str:
@@ -36,7 +37,9 @@ def run_name(drafter: str, budget: str) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--drafters", nargs="+", default=["falcon", "medusa"])
-    p.add_argument("--tokens", nargs="+", default=["100000", "300000", "1000000", "all"])
+    p.add_argument(
+        "--tokens", nargs="+", type=token_budget, default=["100000", "300000", "1000000", "all"]
+    )
     p.add_argument("--depth", type=int, default=4, help="chain depth decoded (Falcon: k x passes)")
     add_run_args(p, "scaling")
     args = p.parse_args()

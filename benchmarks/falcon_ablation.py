@@ -38,6 +38,7 @@ from heldout import (
     heldout_depths,
     start,
     steps_cell,
+    token_budget,
     train_run,
 )
 
@@ -53,7 +54,9 @@ for _k in (2, 3):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
-    p.add_argument("--tokens", default="1000000", help="answer tokens trained on (or all)")
+    p.add_argument(
+        "--tokens", type=token_budget, default="1000000", help="answer tokens trained on (or all)"
+    )
     p.add_argument("--dataset-dir", default=str(ROOT / "data/distilled/smollm2_135m/train"))
     p.add_argument("--cache-dir", default=str(ROOT / "data/features/smollm2_135m"))
     p.add_argument("--max-length", type=int, default=512, help="as the training runs")

@@ -180,6 +180,17 @@ def heldout_prompts(target, n: int) -> list[dict]:
     return validation_prompts(target.tokenizer, n, 1024, 0.02)
 
 
+def token_budget(value: str) -> str:
+    """argparse type of --tokens: a whole number of answer tokens, or `all` (the whole corpus).
+    Catches a train.py override swallowed by `--tokens N ...` (nargs='+' takes every word)."""
+    if value == "all" or value.isdigit():
+        return value
+    raise argparse.ArgumentTypeError(
+        f"{value!r} is not a token budget (a whole number or 'all'); to pass train.py overrides "
+        "after --tokens, separate them with --: --tokens 100000 -- data.features=offline"
+    )
+
+
 def add_run_args(p: argparse.ArgumentParser, out: str) -> None:
     """The options every held-out comparison script shares."""
     p.add_argument("--prompts", type=int, default=20, help="held-out ShareGPT first turns")

@@ -51,3 +51,14 @@ def test_a_run_with_the_same_training_is_reused_and_one_with_other_settings_refu
     assert not (tmp_path / "logs" / "train" / "ablation_decode_k2_60").exists()
     with pytest.raises(SystemExit, match=r"other settings \(optim\.lr\)"):
         heldout.train_run("scaling_falcon_60", "falcon_smollm2", [*over, "optim.lr=0.5"], logs)
+
+
+def test_an_override_swallowed_by_tokens_is_refused_before_any_run():
+    """`--tokens 100000 data.features=offline` would otherwise train on online features with a
+    budget named after the override."""
+    script = "benchmarks/data_scaling.py"
+    cmd = [sys.executable, script, "--tokens", "100000", "data.features=offline"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 2
+    assert "'data.features=offline' is not a token budget" in res.stderr
+    assert "--tokens 100000 -- data.features=offline" in res.stderr
