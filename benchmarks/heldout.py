@@ -18,8 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# what says where a run writes or how it reports, not what it trains
+# what says where a run writes or how it reports, not what it trains (top-level groups, and
+# dotted keys inside the others)
 NOT_TRAINING = ("run_name", "run_dir", "paths", "ckpt_path", "logger")
+NOT_TRAINING_KEYS = ("trainer.log_every_n_steps", "trainer.enable_progress_bar")
 
 
 def training_config(experiment: str, overrides: list[str]) -> dict:
@@ -34,7 +36,12 @@ def training_config(experiment: str, overrides: list[str]) -> dict:
 
 
 def _training_part(cfg: dict) -> dict:
-    return {k: v for k, v in cfg.items() if k not in NOT_TRAINING}
+    out = {k: v for k, v in cfg.items() if k not in NOT_TRAINING}
+    for dotted in NOT_TRAINING_KEYS:
+        group, key = dotted.split(".")
+        if isinstance(out.get(group), dict):
+            out[group] = {k: v for k, v in out[group].items() if k != key}
+    return out
 
 
 def _saved_config(run_dir: Path) -> dict | None:
@@ -78,10 +85,10 @@ def train_run(name: str, experiment: str, overrides: list[str], log_dir: str) ->
         )
     if (run_dir / "drafter" / "config.json").is_file():
         return run_dir
-    for other in sorted(runs.glob("*/drafter/config.json")) if runs.is_dir() else []:
-        if _saved_config(other.parent.parent) == want:
-            print(f"[{name}] the same training as {other.parent.parent.name}: reused", flush=True)
-            return other.parent.parent
+    same = finished_run(want, log_dir)
+    if same is not None:
+        print(f"[{name}] the same training as {same.name}: reused", flush=True)
+        return same
     cmd = [
         sys.executable, "train.py", f"+experiment={experiment}", f"run_name={name}",
         f"paths.log_dir={log_dir}", "ckpt_path=last", "logger=csv", *overrides,
@@ -89,6 +96,18 @@ def train_run(name: str, experiment: str, overrides: list[str], log_dir: str) ->
     print(f"[{name}] " + " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "WANDB_MODE": "disabled"})
     return run_dir
+
+
+def finished_run(want: dict, log_dir: str) -> Path | None:
+    """A run folder under log_dir/train whose drafter is exported and whose saved training
+    config equals `want` (a `training_config`), else None. Links are skipped: they name a run
+    that is also there under its own name."""
+    runs = Path(log_dir) / "train"
+    for other in sorted(runs.glob("*/drafter/config.json")) if runs.is_dir() else []:
+        folder = other.parent.parent
+        if not folder.is_symlink() and _saved_config(folder) == want:
+            return folder
+    return None
 
 
 def decode_heldout(
@@ -209,3 +228,22 @@ def start(args) -> tuple:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     return target, heldout_prompts(target, args.prompts), out
+
+
+def main() -> None:
+    """`python benchmarks/heldout.py finished EXPERIMENT [OVERRIDES...]`: print the folder of a
+    finished run with that training config (results.sh reuses it), or nothing."""
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("command", choices=["finished"])
+    p.add_argument("experiment")
+    p.add_argument("--log-dir", default=str(ROOT / "logs"))
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args()
+    want = training_config(args.experiment, [f"paths.log_dir={args.log_dir}", *args.overrides])
+    same = finished_run(want, args.log_dir)
+    if same is not None:
+        print(same)
+
+
+if __name__ == "__main__":
+    main()

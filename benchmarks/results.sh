@@ -34,8 +34,10 @@
 # Knobs (environment): PY, LANES (parallel lanes for train/tune; default 2 on 2 cores),
 # BENCH_LANES (default 1: the benchmark gives one request the whole machine, BENCH_THREADS =
 # cores / BENCH_LANES threads, as a user would run it; more lanes are faster and are labelled),
-# EPOCHS, MAX_STEPS, TABLES (which benchmark tables, default all three), OUT (outputs/results),
-# ZOO (zoo/smollm2_135m).
+# EPOCHS, MAX_STEPS, TOKENS (answer tokens trained on: all, the default, or N for the nested
+# subset data_scaling.py's run at N also trains on; a finished run with the same training config
+# is reused, not retrained), TABLES (which benchmark tables, default all three), OUT
+# (outputs/results), ZOO (zoo/smollm2_135m).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,6 +48,7 @@ BENCH_LANES=${BENCH_LANES:-1}
 BENCH_THREADS=${BENCH_THREADS:-$((CORES / BENCH_LANES > 0 ? CORES / BENCH_LANES : 1))}
 EPOCHS=${EPOCHS:-10}
 MAX_STEPS=${MAX_STEPS:-2000}
+TOKENS=${TOKENS:-all}  # answer tokens trained on: all (the whole corpus) or N (a nested subset)
 OUT=${OUT:-outputs/results}
 ZOO=${ZOO:-zoo/smollm2_135m}
 LOG=$OUT/logs
@@ -60,7 +63,8 @@ RUNS=(
   "falcon_k3|falcon_smollm2|drafter.model.k=3"
   "falcon_k2_paper|falcon_smollm2|drafter.model.k=2 drafter.csgd.variant=paper"
 )
-BUDGET="data.features=offline trainer.max_epochs=$EPOCHS trainer.max_steps=$MAX_STEPS \
+DATA="data.max_train_tokens=$([ "$TOKENS" = all ] && echo null || echo "$TOKENS")"
+BUDGET="data.features=offline $DATA trainer.max_epochs=$EPOCHS trainer.max_steps=$MAX_STEPS \
 trainer.log_every_n_steps=25 trainer.enable_progress_bar=false"
 
 # Run "$@" (a list of shell commands, one per job) at most LANES at a time, one thread each;
@@ -84,11 +88,11 @@ stage_corpus() {
   make corpus PY="$PY" SHARDS="$LANES" 2>&1 | tee -a "$LOG/corpus.log"
   local cmds=() i
   for ((i = 0; i < LANES; i++)); do
-    cmds+=("$PY data/cache_features.py +experiment=falcon_smollm2 features_part=$i/$LANES \
+    cmds+=("$PY data/cache_features.py +experiment=falcon_smollm2 $DATA features_part=$i/$LANES \
 >> $LOG/features_$i.log 2>&1")
   done
   lanes "${cmds[@]}"
-  $PY data/cache_features.py +experiment=falcon_smollm2 2>&1 | tee -a "$LOG/corpus.log"
+  $PY data/cache_features.py +experiment=falcon_smollm2 "$DATA" 2>&1 | tee -a "$LOG/corpus.log"
 }
 
 run_dir() { echo "logs/train/results_$1"; }
@@ -102,10 +106,22 @@ running() { pgrep -u "$(id -u)" -f "train[.]py .*run_name=results_$1( |\$)" > /d
 
 train_cmd() { echo "$PY train.py +experiment=$2 run_name=results_$1 $3 $BUDGET ckpt_path=last"; }
 
-train_one() {  # checked when its lane starts it: another results.sh may have trained it meanwhile
-  local name=$1 exp=$2 extra=$3
+# checked when its lane starts it: another results.sh may have trained it meanwhile. A finished
+# run under logs/train with the same training config (data_scaling.py's, falcon_ablation.py's
+# at the same TOKENS) is linked as results_<name> instead of trained again.
+train_one() {
+  local name=$1 exp=$2 extra=$3 same
   if trained "$name"; then echo "[results] train $name: done"; return; fi
   if running "$name"; then echo "[results] train $name: running in another process"; return; fi
+  if [ ! -e "$(run_dir "$name")" ]; then
+    # shellcheck disable=SC2086  # extra and BUDGET are lists of overrides
+    same=$($PY benchmarks/heldout.py finished "$exp" $extra $BUDGET)
+    if [ -n "$same" ]; then
+      ln -s "$(basename "$same")" "$(run_dir "$name")"
+      echo "[results] train $name: the same training as $(basename "$same"): reused"
+      return
+    fi
+  fi
   $(train_cmd "$name" "$exp" "$extra") > "$LOG/train_$name.log" 2>&1
   echo "[results] train $name: done"
 }

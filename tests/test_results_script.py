@@ -26,11 +26,11 @@ PEERS = {
 }
 
 
-def plan(out, peers=PEERS) -> subprocess.CompletedProcess:
+def plan(out, peers=PEERS, **knobs) -> subprocess.CompletedProcess:
     if peers is not None:
         (out / "tune").mkdir(parents=True)
         (out / "tune" / "peers.json").write_text(json.dumps(peers))
-    env = {**os.environ, "OUT": str(out), "PY": sys.executable}
+    env = {**os.environ, "OUT": str(out), "PY": sys.executable, **knobs}
     return subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "results.sh"), "plan"],
         env=env,
@@ -109,3 +109,53 @@ def test_bench_refuses_to_start_without_tuned_peers(tmp_path):
     res = plan(tmp_path, peers=None)
     assert res.returncode != 0
     assert "peers.json is missing: run the tune stage first" in res.stderr
+
+
+def test_at_a_token_budget_the_runs_are_the_scaling_and_ablation_runs(tmp_path):
+    """TOKENS=N trains on data_scaling.py's nested subset at N, with the same training config as
+    its Medusa and Falcon runs and the Falcon ablation's, so results.sh reuses those finished
+    runs (linked as results_<name>) instead of training them again; a finished run is found by
+    `heldout.py finished` whatever its reporting settings (log_every_n_steps, progress bar)."""
+    from omegaconf import OmegaConf
+    from train_helpers import load_script
+
+    heldout = load_script("benchmarks/heldout.py")
+    res = plan(tmp_path / "out", TOKENS="1000000")
+    assert res.returncode == 0, res.stderr
+    train = {}
+    for line in res.stdout.splitlines():
+        if line.startswith("train "):
+            label, cmd = line.split(": ", 1)
+            argv = shlex.split(cmd)[2:]  # without the interpreter and train.py
+            exp = argv.pop(0).split("=", 1)[1]
+            train[label.split()[1]] = (exp, argv)
+    logs = str(tmp_path / "logs")
+    scaling = ["data.max_train_tokens=1000000", "data.features=offline"]
+    expect = {
+        "medusa": ("medusa_smollm2", scaling),
+        "falcon_k2": ("falcon_smollm2", scaling),
+        "falcon_k2_tf": ("falcon_smollm2", [*scaling, "drafter.model.k=2",
+                                             "drafter.csgd.teacher_forcing_only=true"]),
+        "falcon_k3": ("falcon_smollm2", [*scaling, "drafter.model.k=3",
+                                          "drafter.csgd.variant=decode"]),
+        "falcon_k2_paper": ("falcon_smollm2", [*scaling, "drafter.model.k=2",
+                                                "drafter.csgd.variant=paper"]),
+    }  # fmt: skip
+    for name, (exp, over) in expect.items():
+        ours = heldout.training_config(train[name][0], [f"paths.log_dir={logs}", *train[name][1]])
+        theirs = heldout.training_config(exp, [f"paths.log_dir={logs}", *over])
+        assert ours == theirs, (name, heldout._differences(ours, theirs))
+    # a finished scaling run (its saved config, an exported drafter) is what `finished` names
+    run = tmp_path / "logs" / "train" / "scaling_medusa_1000000"
+    (run / "drafter").mkdir(parents=True)
+    (run / "drafter" / "config.json").write_text("{}")
+    (run / ".hydra").mkdir()
+    cfg = compose_config("train", ["+experiment=medusa_smollm2", f"paths.log_dir={logs}", *scaling])
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    args = [sys.executable, "benchmarks/heldout.py", "finished", "--log-dir", logs]
+    exp, argv = train["medusa"]
+    found = subprocess.run([*args, exp, *argv], cwd=ROOT, capture_output=True, text=True)
+    assert found.returncode == 0 and found.stdout.strip() == str(run), found.stderr
+    other = subprocess.run([*args, exp, *argv, "optim.lr=0.5"], cwd=ROOT,
+                           capture_output=True, text=True)  # fmt: skip
+    assert other.returncode == 0 and other.stdout == ""
