@@ -2,12 +2,15 @@
 
     python benchmarks/data_scaling.py --drafters falcon medusa --tokens 100000 300000 1000000 all
     python benchmarks/data_scaling.py --drafters falcon --tokens 100000 -- data.features=offline
+    python benchmarks/data_scaling.py --tokens 1000000 --vocab 4096 8192 16384 -- \
+        data.features=offline
 
-For every drafter and token budget: one `python train.py +experiment=<drafter>_smollm2` run on a
-nested subset of at most that many answer tokens (`data.max_train_tokens`; `all` = the whole
-corpus), under one budget rule for every run (the experiment's: up to 10 epochs and 2,000 steps,
-early stopping and best.ckpt on val/accept_len_est; extra overrides go to every run alike),
-exported at its end (`logs/train/<run>/drafter`). Then the drafter decodes held-out ShareGPT
+For every drafter, token budget and draft vocabulary size (--vocab, run name suffix _v<V_d>;
+default: the experiment's size, no suffix): one `python train.py +experiment=<drafter>_smollm2`
+run on a nested subset of at most that many answer tokens (`data.max_train_tokens`; `all` = the
+whole corpus), under one budget rule for every run (the experiment's: up to 10 epochs and 2,000
+steps, early stopping and best.ckpt on val/accept_len_est; extra overrides go to every run
+alike), exported at its end (`logs/train/<run>/drafter`). Then the drafter decodes held-out ShareGPT
 first turns (the corpus's validation split by conversation id: never trained on, never the
 evaluation sets) beside the plain AR loop, greedy, on the drafter's chain of depth --depth;
 every output is checked against AR's. Reported per run: answer tokens trained on, the steps,
@@ -25,13 +28,14 @@ Hours on one core: pin it (`taskset -c 1`) and run it in the background.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 
 from heldout import add_run_args, decode_heldout, start, steps_cell, token_budget, train_run
 
 
-def run_name(drafter: str, budget: str) -> str:
-    return f"scaling_{drafter}_{budget}"
+def run_name(drafter: str, budget: str, vocab: int | None = None) -> str:
+    return f"scaling_{drafter}_{budget}" + (f"_v{vocab}" if vocab else "")
 
 
 def main() -> None:
@@ -40,33 +44,43 @@ def main() -> None:
     p.add_argument(
         "--tokens", nargs="+", type=token_budget, default=["100000", "300000", "1000000", "all"]
     )
+    p.add_argument(
+        "--vocab", nargs="+", type=int, default=[None], metavar="V_D",
+        help="draft vocabulary sizes (drafter.model.draft_vocab_size; default: the experiment's, "
+        "runs named without a suffix); a run at the default size is the unsuffixed run, reused",
+    )  # fmt: skip
     p.add_argument("--depth", type=int, default=4, help="chain depth decoded (Falcon: k x passes)")
     add_run_args(p, "scaling")
     args = p.parse_args()
     target, prompts, out = start(args)
     rows = []
-    for drafter in args.drafters:
-        for budget in args.tokens:
-            result_path = out / f"{run_name(drafter, budget)}.json"
-            if result_path.is_file():
-                rows.append(json.loads(result_path.read_text()))
-                continue
-            limit = "null" if budget == "all" else budget
-            over = [f"data.max_train_tokens={limit}", *args.overrides]
-            run_dir = train_run(run_name(drafter, budget), f"{drafter}_smollm2", over, args.log_dir)
-            rows.append(decode_heldout(run_dir, target, prompts, args.max_new_tokens, args.depth))
-            result_path.write_text(json.dumps(rows[-1], indent=1))
-            print(f"[scaling] {json.dumps(rows[-1])}", flush=True)
+    for drafter, budget, vocab in itertools.product(args.drafters, args.tokens, args.vocab):
+        name = run_name(drafter, budget, vocab)
+        result_path = out / f"{name}.json"
+        if result_path.is_file():
+            rows.append(json.loads(result_path.read_text()))
+            continue
+        limit = "null" if budget == "all" else budget
+        over = [f"data.max_train_tokens={limit}", *args.overrides]
+        if vocab:
+            over.append(f"drafter.model.draft_vocab_size={vocab}")
+        run_dir = train_run(name, f"{drafter}_smollm2", over, args.log_dir)
+        rows.append(decode_heldout(run_dir, target, prompts, args.max_new_tokens, args.depth))
+        result_path.write_text(json.dumps(rows[-1], indent=1))
+        print(f"[scaling] {json.dumps(rows[-1])}", flush=True)
     print(f"\n{len(prompts)} held-out ShareGPT first turns, {args.max_new_tokens} new tokens, "
           f"greedy, chain of depth {args.depth}, every output equal to AR's\n")  # fmt: skip
     heads = " | ".join(f"P(a>={k})" for k in range(1, args.depth + 1))
     print("steps: the chosen checkpoint's; (epochs the fit ran, what ended it: early = the "
           "early-stopping rule, cap = trainer.max_steps, not converged)\n")  # fmt: skip
-    print(f"| run | answer tokens trained on | steps | τ | {heads} |")
-    print("|---|---:|---:|---:|" + "---:|" * args.depth)
+    print("V_d: the draft vocabulary (its coverage of the held-out answers)\n")
+    print(f"| run | answer tokens trained on | V_d (held-out coverage) | steps | τ | {heads} |")
+    print("|---|---:|---:|---:|---:|" + "---:|" * args.depth)
     for r in rows:
         depth = " | ".join(f"{x:.3f}" for x in r["accept_at_depth"])
-        print(f"| {r['run']} | {r['train_answer_tokens']} | {steps_cell(r)} | "
+        vd = r.get("draft_vocab") or {}
+        vd = f"{vd['size']} ({vd['coverage_validation']:.3f})" if vd else "full"
+        print(f"| {r['run']} | {r['train_answer_tokens']} | {vd} | {steps_cell(r)} | "
               f"{r['tau']:.3f} | {depth} |")  # fmt: skip
 
 

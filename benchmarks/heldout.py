@@ -143,13 +143,15 @@ def decode_heldout(
             phase[r][1] += c["tokens"]
     at_depth = [sum(a >= i for a in accept) / max(len(accept), 1) for i in range(1, depth + 1)]
     vocab = run_dir / "draft_vocab.json"
+    vocab = json.loads(vocab.read_text()) if vocab.is_file() else None
     ended = run_dir / "fit_end.json"
     ended = json.loads(ended.read_text()) if ended.is_file() else {}
     return {
         "run": run_dir.name,
         "kind": d.kind,
-        "train_answer_tokens": json.loads(vocab.read_text())["train_answer_tokens"]
-        if vocab.is_file()
+        "train_answer_tokens": vocab["train_answer_tokens"] if vocab else None,
+        "draft_vocab": {key: vocab.get(key) for key in ("size", "coverage_validation")}
+        if vocab and vocab.get("size")
         else None,
         "global_step": d.config.get("source", {}).get("global_step"),
         "epochs": ended.get("epochs"),

@@ -53,6 +53,27 @@ def test_a_run_with_the_same_training_is_reused_and_one_with_other_settings_refu
         heldout.train_run("scaling_falcon_60", "falcon_smollm2", [*over, "optim.lr=0.5"], logs)
 
 
+def test_draft_vocabulary_sizes_are_runs_of_their_own(tmp_path, tiny_distilled):
+    over = [o for o in tiny_overrides(tmp_path, tiny_distilled) if not o.startswith("paths.")]
+    cmd = [
+        sys.executable, "benchmarks/data_scaling.py", "--drafters", "medusa", "--tokens", "all",
+        "--vocab", "32", "64", "--prompts", "2", "--max-new-tokens", "8", "--depth", "2",
+        "--target", "tiny", "--log-dir", str(tmp_path / "logs"), "--out", str(tmp_path / "out"),
+        *over, "trainer.val_check_interval=1.0", "trainer.check_val_every_n_epoch=1",
+        "trainer.max_epochs=1",
+    ]  # fmt: skip
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for size in (32, 64):
+        row = json.loads((tmp_path / "out" / f"scaling_medusa_all_v{size}.json").read_text())
+        assert row["draft_vocab"]["size"] == size and row["lossless"]
+        assert 0 < row["draft_vocab"]["coverage_validation"] <= 1
+        cfg = (tmp_path / "logs" / "train" / row["run"] / ".hydra" / "config.yaml").read_text()
+        assert f"draft_vocab_size: {size}" in cfg
+        assert f"| scaling_medusa_all_v{size} | " in res.stdout
+        assert f"| {size} (" in res.stdout
+
+
 def test_an_override_swallowed_by_tokens_is_refused_before_any_run():
     """`--tokens 100000 data.features=offline` would otherwise train on online features with a
     budget named after the override."""
