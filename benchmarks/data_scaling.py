@@ -78,8 +78,8 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|" + "---:|" * args.depth)
     for r in rows:
         depth = " | ".join(f"{x:.3f}" for x in r["accept_at_depth"])
-        vd = r.get("draft_vocab") or {}
-        vd = f"{vd['size']} ({vd['coverage_validation']:.3f})" if vd else "full"
+        vd = r.get("draft_vocab", "?")  # "?": a row decoded before the column existed
+        vd = f"{vd['size']} ({vd['coverage_validation']:.3f})" if vd and vd != "?" else vd or "full"
         print(f"| {r['run']} | {r['train_answer_tokens']} | {vd} | {steps_cell(r)} | "
               f"{r['tau']:.3f} | {depth} |")  # fmt: skip
 
