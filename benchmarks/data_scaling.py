@@ -30,12 +30,30 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from pathlib import Path
 
-from heldout import add_run_args, decode_heldout, start, steps_cell, token_budget, train_run
+from heldout import (
+    add_run_args,
+    decode_heldout,
+    start,
+    steps_cell,
+    token_budget,
+    train_run,
+    train_speed,
+)
 
 
 def run_name(drafter: str, budget: str, vocab: int | None = None) -> str:
     return f"scaling_{drafter}_{budget}" + (f"_v{vocab}" if vocab else "")
+
+
+def vocab_cell(row: dict) -> str:
+    """V_d (held-out coverage); 'full' without a draft vocabulary, '?' for a row decoded before
+    the column existed."""
+    if "draft_vocab" not in row:
+        return "?"
+    vd = row["draft_vocab"]
+    return f"{vd['size']} ({vd['coverage_validation']:.3f})" if vd else "full"
 
 
 def main() -> None:
@@ -73,15 +91,17 @@ def main() -> None:
     heads = " | ".join(f"P(a>={k})" for k in range(1, args.depth + 1))
     print("steps: the chosen checkpoint's; (epochs the fit ran, what ended it: early = the "
           "early-stopping rule, cap = trainer.max_steps, not converged)\n")  # fmt: skip
-    print("V_d: the draft vocabulary (its coverage of the held-out answers)\n")
-    print(f"| run | answer tokens trained on | V_d (held-out coverage) | steps | τ | {heads} |")
-    print("|---|---:|---:|---:|---:|" + "---:|" * args.depth)
+    print("V_d: the draft vocabulary (its coverage of the held-out answers); train tokens/s: "
+          "the median of the run's train/tokens_per_s (csv/metrics.csv)\n")  # fmt: skip
+    print(f"| run | answer tokens trained on | V_d (held-out coverage) | train tokens/s | steps "
+          f"| τ | {heads} |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|" + "---:|" * args.depth)
     for r in rows:
         depth = " | ".join(f"{x:.3f}" for x in r["accept_at_depth"])
-        vd = r.get("draft_vocab", "?")  # "?": a row decoded before the column existed
-        vd = f"{vd['size']} ({vd['coverage_validation']:.3f})" if vd and vd != "?" else vd or "full"
-        print(f"| {r['run']} | {r['train_answer_tokens']} | {vd} | {steps_cell(r)} | "
-              f"{r['tau']:.3f} | {depth} |")  # fmt: skip
+        speed = train_speed(Path(args.log_dir) / "train" / r["run"])
+        speed = f"{speed:.0f}" if speed is not None else "-"
+        print(f"| {r['run']} | {r['train_answer_tokens']} | {vocab_cell(r)} | {speed} | "
+              f"{steps_cell(r)} | {r['tau']:.3f} | {depth} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -18,10 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# what says where a run writes or how it reports, not what it trains (top-level groups, and
-# dotted keys inside the others)
-NOT_TRAINING = ("run_name", "run_dir", "paths", "ckpt_path", "logger")
-NOT_TRAINING_KEYS = ("trainer.log_every_n_steps", "trainer.enable_progress_bar")
+# what says where a run writes or how it reports, not what it trains (dotted config keys)
+NOT_TRAINING = (
+    "run_name", "run_dir", "paths", "ckpt_path", "logger",
+    "trainer.log_every_n_steps", "trainer.enable_progress_bar",
+)  # fmt: skip
 
 
 def training_config(experiment: str, overrides: list[str]) -> dict:
@@ -35,13 +36,12 @@ def training_config(experiment: str, overrides: list[str]) -> dict:
     return _training_part(OmegaConf.to_container(cfg, resolve=False))
 
 
-def _training_part(cfg: dict) -> dict:
-    out = {k: v for k, v in cfg.items() if k not in NOT_TRAINING}
-    for dotted in NOT_TRAINING_KEYS:
-        group, key = dotted.split(".")
-        if isinstance(out.get(group), dict):
-            out[group] = {k: v for k, v in out[group].items() if k != key}
-    return out
+def _training_part(cfg: dict, prefix: str = "") -> dict:
+    return {
+        k: _training_part(v, f"{prefix}{k}.") if isinstance(v, dict) else v
+        for k, v in cfg.items()
+        if f"{prefix}{k}" not in NOT_TRAINING
+    }
 
 
 def _saved_config(run_dir: Path) -> dict | None:
@@ -165,6 +165,20 @@ def decode_heldout(
         "tree": tree,
         "lossless": True,
     }
+
+
+def train_speed(run_dir: Path) -> float | None:
+    """Median `train/tokens_per_s` over a run's logging windows (its csv/metrics.csv), or None."""
+    import csv
+    import statistics
+
+    path = run_dir / "csv" / "metrics.csv"
+    if not path.is_file():
+        return None
+    with open(path) as f:
+        speeds = [float(r["train/tokens_per_s"]) for r in csv.DictReader(f)
+                  if r.get("train/tokens_per_s")]  # fmt: skip
+    return statistics.median(speeds) if speeds else None
 
 
 def steps_cell(row: dict) -> str:
