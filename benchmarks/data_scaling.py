@@ -35,6 +35,7 @@ from pathlib import Path
 from heldout import (
     add_run_args,
     decode_heldout,
+    precision_cell,
     start,
     steps_cell,
     token_budget,
@@ -92,16 +93,21 @@ def main() -> None:
     print("steps: the chosen checkpoint's; (epochs the fit ran, what ended it: early = the "
           "early-stopping rule, cap = trainer.max_steps, not converged)\n")  # fmt: skip
     print("V_d: the draft vocabulary (its coverage of the held-out answers); train tokens/s: "
-          "the median of the run's train/tokens_per_s (csv/metrics.csv)\n")  # fmt: skip
-    print(f"| run | answer tokens trained on | V_d (held-out coverage) | train tokens/s | steps "
-          f"| τ | {heads} |")  # fmt: skip
+          "the median of the run's train/tokens_per_s (csv/metrics.csv), and the precision it "
+          "trained in\n")  # fmt: skip
+    print(f"| run | answer tokens trained on | V_d (held-out coverage) | train tokens/s "
+          f"(precision) | steps | τ | {heads} |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|" + "---:|" * args.depth)
     for r in rows:
         depth = " | ".join(f"{x:.3f}" for x in r["accept_at_depth"])
         speed = train_speed(Path(args.log_dir) / "train" / r["run"])
         speed = f"{speed:.0f}" if speed is not None else "-"
+        speed += f" ({precision_cell(r)})"
         print(f"| {r['run']} | {r['train_answer_tokens']} | {vocab_cell(r)} | {speed} | "
               f"{steps_cell(r)} | {r['tau']:.3f} | {depth} |")  # fmt: skip
+    machines = sorted({r["machine"] for r in rows if r.get("machine")})
+    if machines:
+        print(f"\ntrained on: {'; '.join(machines)}")
 
 
 if __name__ == "__main__":

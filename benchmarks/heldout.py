@@ -156,6 +156,8 @@ def decode_heldout(
         "global_step": d.config.get("source", {}).get("global_step"),
         "epochs": ended.get("epochs"),
         "ended_by": ended.get("ended_by"),
+        "precision": ended.get("precision"),
+        "machine": ended.get("machine"),
         "prompts": len(prompts),
         "tau": emitted / forwards if forwards else None,
         "accept_at_depth": [round(x, 4) for x in at_depth],
@@ -179,6 +181,14 @@ def train_speed(run_dir: Path) -> float | None:
         speeds = [float(r["train/tokens_per_s"]) for r in csv.DictReader(f)
                   if r.get("train/tokens_per_s")]  # fmt: skip
     return statistics.median(speeds) if speeds else None
+
+
+def precision_cell(row: dict) -> str:
+    """The precision a run trained in, short: fp32, bf16 ('?' for a run finished before
+    fit_end.json recorded it)."""
+    short = {"32-true": "fp32", "bf16-mixed": "bf16", "16-mixed": "fp16"}
+    p = row.get("precision")
+    return short.get(p, p) if p else "?"
 
 
 def steps_cell(row: dict) -> str:

@@ -124,6 +124,7 @@ def test_best_checkpoint_export_and_wandb_artifact(tmp_path, tiny_distilled, mon
     assert exported["source"]["global_step"] == best["global_step"]
     ended = json.loads((run_dir / "fit_end.json").read_text())  # the cap ended it, not the rule
     assert ended["ended_by"] == "max_steps" and ended["global_step"] == 4 and ended["epochs"] > 0
+    assert ended["precision"] in ("32-true", "bf16-mixed") and ended["machine"]
     (offline,) = (run_dir / "wandb").glob("offline-run-*")
     # the artifact is in the offline run. wandb-core's service process writes the .wandb file
     # and may close it just after finish() returns: on a loaded machine CI once read only its

@@ -29,8 +29,12 @@ from drafters.training.run import is_checkpoint
 def fit_end(trainer: L.Trainer) -> dict:
     """How a finished fit ended: `ended_by` early_stopping (the rule's patience ran out, or a
     non-finite metric: `reason`), max_steps (the cap), max_time, or max_epochs; the optimizer
-    steps and the epochs they make (fractional: steps x accumulation / batches an epoch)."""
-    out: dict[str, Any] = {"global_step": int(trainer.global_step)}
+    steps and the epochs they make (fractional: steps x accumulation / batches an epoch); the
+    precision it trained in (`trainer.precision: auto` resolves per processor) and the machine."""
+    from drafters.machine import describe
+
+    out: dict[str, Any] = {"global_step": int(trainer.global_step),
+                           "precision": str(trainer.precision), "machine": describe()}  # fmt: skip
     batches = trainer.num_training_batches
     if isinstance(batches, int) and batches > 0:
         out["epochs"] = round(trainer.global_step * trainer.accumulate_grad_batches / batches, 3)
