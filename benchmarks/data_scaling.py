@@ -69,7 +69,7 @@ def main() -> None:
         "runs named without a suffix); a run at the default size is the unsuffixed run, reused",
     )  # fmt: skip
     p.add_argument("--depth", type=int, default=4, help="chain depth decoded (Falcon: k x passes)")
-    add_run_args(p, "scaling")
+    add_run_args(p, "scaling", record=True)
     args = p.parse_args()
     target, prompts, out = start(args)
     rows = []
@@ -100,7 +100,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|" + "---:|" * args.depth)
     for r in rows:
         depth = " | ".join(f"{x:.3f}" for x in r["accept_at_depth"])
-        speed = train_speed(Path(args.log_dir) / "train" / r["run"])
+        speed = r.get("train_tokens_per_s") or train_speed(Path(args.log_dir) / "train" / r["run"])
         speed = f"{speed:.0f}" if speed is not None else "-"
         speed += f" ({precision_cell(r)})"
         print(f"| {r['run']} | {r['train_answer_tokens']} | {vocab_cell(r)} | {speed} | "

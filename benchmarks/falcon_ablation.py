@@ -61,7 +61,7 @@ def main() -> None:
     p.add_argument("--cache-dir", default=str(ROOT / "data/features/smollm2_135m"))
     p.add_argument("--max-length", type=int, default=512, help="as the training runs")
     p.add_argument("--val-fraction", type=float, default=0.05, help="as the training runs")
-    add_run_args(p, "falcon_ablation")
+    add_run_args(p, "falcon_ablation", record=True)
     args = p.parse_args()
     target, prompts, out = start(args)
     limit = "null" if args.tokens == "all" else args.tokens

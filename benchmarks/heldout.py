@@ -154,6 +154,7 @@ def decode_heldout(
         if vocab and vocab.get("size")
         else None,
         "global_step": d.config.get("source", {}).get("global_step"),
+        "train_tokens_per_s": train_speed(run_dir),
         "epochs": ended.get("epochs"),
         "ended_by": ended.get("ended_by"),
         "precision": ended.get("precision"),
@@ -236,13 +237,16 @@ def token_budget(value: str) -> str:
     )
 
 
-def add_run_args(p: argparse.ArgumentParser, out: str) -> None:
-    """The options every held-out comparison script shares."""
+def add_run_args(p: argparse.ArgumentParser, out: str, record: bool = False) -> None:
+    """The options every held-out comparison script shares. `record`: the per-run results go to
+    benchmarks/records/<out>/ (committed: a row that took hours of training survives the machine,
+    and a re-run on a fresh clone prints it without training again), else outputs/<out>/."""
     p.add_argument("--prompts", type=int, default=20, help="held-out ShareGPT first turns")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--target", default="smollm2_135m")
     p.add_argument("--log-dir", default=str(ROOT / "logs"))
-    p.add_argument("--out", default=str(ROOT / "outputs" / out))
+    where = ROOT / "benchmarks" / "records" if record else ROOT / "outputs"
+    p.add_argument("--out", default=str(where / out))
     p.add_argument("overrides", nargs="*", help="train.py overrides for every run")
 
 

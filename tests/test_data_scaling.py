@@ -24,6 +24,7 @@ def test_scaling_runs_resume_and_report(tmp_path, tiny_distilled):
     full = json.loads((tmp_path / "out" / "scaling_medusa_all.json").read_text())
     assert small["train_answer_tokens"] <= 60 < full["train_answer_tokens"]
     assert small["lossless"] and small["prompts"] == 2 and len(small["accept_at_depth"]) == 3
+    assert "train_tokens_per_s" in small and small["precision"] in ("32-true", "bf16-mixed")
     assert 1.0 <= small["tau"] and all(0 <= x <= 1 for x in small["accept_at_depth"])
     assert "| scaling_medusa_60 |" in res.stdout and "| scaling_medusa_all |" in res.stdout
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
