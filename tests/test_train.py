@@ -46,9 +46,13 @@ def test_experiment_composes_and_instantiates(name, tmp_path, tiny, tiny_distill
 
 
 @pytest.mark.parametrize("drafter", ["falcon", "cerberus", "medusa"])
-def test_short_run_of_each_drafter(drafter, tmp_path, tiny_distilled):
-    cfg = compose_config("train", tiny_overrides(tmp_path, tiny_distilled, f"drafter={drafter}"))
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])  # auto takes bf16 on some CPUs
+def test_short_run_of_each_drafter(drafter, precision, tmp_path, tiny_distilled):
+    over = tiny_overrides(tmp_path, tiny_distilled, f"drafter={drafter}")
+    over[over.index("trainer.precision=32-true")] = f"trainer.precision={precision}"
+    cfg = compose_config("train", over)
     metrics = train(cfg)
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
     assert metrics["train/loss"] > 0 and "val/loss" in metrics
     assert 1.0 <= metrics["val/accept_len_est"]
     key = "val/acc_pos1" if drafter == "falcon" else "val/acc_head0"
