@@ -89,25 +89,45 @@ def main() -> None:
         print(f"[scaling] {json.dumps(rows[-1])}", flush=True)
     print(f"\n{len(prompts)} held-out ShareGPT first turns, {args.max_new_tokens} new tokens, "
           f"greedy, chain of depth {args.depth}, every output equal to AR's\n")  # fmt: skip
-    heads = " | ".join(f"P(a>={k})" for k in range(1, args.depth + 1))
-    print("steps: the chosen checkpoint's; (epochs the fit ran, what ended it: early = the "
-          "early-stopping rule, cap = trainer.max_steps, not converged)\n")  # fmt: skip
-    print("V_d: the draft vocabulary (its coverage of the held-out answers); train tokens/s: "
-          "the median of the run's train/tokens_per_s (csv/metrics.csv), and the precision it "
-          "trained in\n")  # fmt: skip
-    print(f"| run | answer tokens trained on | V_d (held-out coverage) | train tokens/s "
-          f"(precision) | steps | τ | {heads} |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|" + "---:|" * args.depth)
+    print("\n".join(table_lines(rows, Path(args.log_dir))))
+
+
+def read_records(folder: Path) -> list[dict]:
+    """Every decoded run under `folder` (benchmarks/records/scaling), by drafter, then answer
+    tokens trained on, then draft vocabulary size."""
+    rows = [json.loads(p.read_text()) for p in sorted(folder.glob("scaling_*.json"))]
+    return sorted(rows, key=lambda r: (r["kind"], r["train_answer_tokens"] or 0,
+                                       (r.get("draft_vocab") or {}).get("size") or 0))  # fmt: skip
+
+
+def table_lines(rows: list[dict], log_dir: Path | None = None) -> list[str]:
+    """The curve's markdown table with its legend (this script's output, docs/results.md's)."""
+    depth = max((len(r["accept_at_depth"]) for r in rows), default=0)
+    heads = " | ".join(f"P(a>={k})" for k in range(1, depth + 1))
+    lines = [
+        "steps: the chosen checkpoint's; (epochs the fit ran, what ended it: early = the "
+        "early-stopping rule, cap = trainer.max_steps, not converged)",
+        "",
+        "V_d: the draft vocabulary (its coverage of the held-out answers); train tokens/s: the "
+        "median of the run's train/tokens_per_s (csv/metrics.csv), and the precision it trained in",
+        "",
+        f"| run | answer tokens trained on | V_d (held-out coverage) | train tokens/s (precision) "
+        f"| steps | τ | {heads} |",
+        "|---|---:|---:|---:|---:|---:|" + "---:|" * depth,
+    ]
     for r in rows:
-        depth = " | ".join(f"{x:.3f}" for x in r["accept_at_depth"])
-        speed = r.get("train_tokens_per_s") or train_speed(Path(args.log_dir) / "train" / r["run"])
-        speed = f"{speed:.0f}" if speed is not None else "-"
-        speed += f" ({precision_cell(r)})"
-        print(f"| {r['run']} | {r['train_answer_tokens']} | {vocab_cell(r)} | {speed} | "
-              f"{steps_cell(r)} | {r['tau']:.3f} | {depth} |")  # fmt: skip
+        at = [f"{x:.3f}" for x in r["accept_at_depth"]]
+        at += ["-"] * (depth - len(at))
+        speed = r.get("train_tokens_per_s")
+        if speed is None and log_dir is not None:
+            speed = train_speed(log_dir / "train" / r["run"])
+        speed = (f"{speed:.0f}" if speed is not None else "-") + f" ({precision_cell(r)})"
+        lines.append(f"| {r['run']} | {r['train_answer_tokens']} | {vocab_cell(r)} | {speed} | "
+                     f"{steps_cell(r)} | {r['tau']:.3f} | {' | '.join(at)} |")  # fmt: skip
     machines = sorted({r["machine"] for r in rows if r.get("machine")})
     if machines:
-        print(f"\ntrained on: {'; '.join(machines)}")
+        lines += ["", f"trained on: {'; '.join(machines)}"]
+    return lines
 
 
 if __name__ == "__main__":

@@ -265,7 +265,12 @@ def fill(doc: str, blocks: dict[str, list[str]]) -> str:
 
 
 def build(
-    results: Path, out: Path, log_root: Path, data_root: Path, readme: Path | None = None
+    results: Path,
+    out: Path,
+    log_root: Path,
+    data_root: Path,
+    readme: Path | None = None,
+    scaling: Path = ROOT / "benchmarks" / "records" / "scaling",
 ) -> dict:
     fig_dir = out.parent / "results"
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -311,11 +316,27 @@ def build(
         if rows and not tag.endswith("_bf16"):  # the claims are judged lossless, in fp32
             blocks[f"claims_{tag}"] = claim_lines(rows["all"])
     blocks["zoo"] = zoo_lines(ROOT / "zoo")
+    blocks["scaling"] = scaling_lines(scaling)
     doc = out.read_text() if out.is_file() else "# Reference results on the embedded target\n"
     out.write_text(fill(doc, blocks))
     if readme is not None and readme.is_file():
         readme.write_text(fill(readme.read_text(), {"headline": headline(blocks, summary)}))
     return summary
+
+
+def scaling_lines(records: Path) -> list[str]:
+    """The data-scaling curve from benchmarks/data_scaling.py's committed rows (its own table)."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))  # a sibling script, not the package
+    from data_scaling import read_records, table_lines
+
+    rows = read_records(records)
+    if not rows:
+        return ["No run decoded yet (`python benchmarks/data_scaling.py`)."]
+    p = rows[0]
+    return [f"{p['prompts']} held-out ShareGPT first turns, {p['tree']} (greedy), every output "
+            "equal to the AR loop's (`python benchmarks/data_scaling.py`; rows in "
+            "`benchmarks/records/scaling/`)", "", *table_lines(rows)]  # fmt: skip
 
 
 def zoo_lines(root: Path) -> list[str]:

@@ -40,3 +40,26 @@ def test_partial_benchmark_is_labelled(tmp_path):
     assert rows["first"][1]["tau"] == 1.0 and rows["first"][0]["speedup"] == 1.0
     grid = next(x for x in lines if x.startswith("| method | c | all |")).splitlines()
     assert grid[2:] == [f"| {m} | 1.00x (1.00) | 1.00x (1.00) |" for m in ("hf_greedy", "ar")]
+
+
+def test_scaling_curve_block_reads_the_committed_rows_in_order(tmp_path):
+    def row(kind, tokens, vocab, tau):
+        return {"run": f"scaling_{kind}_{tokens}" + (f"_v{vocab}" if vocab != 8192 else ""),
+                "kind": kind, "train_answer_tokens": tokens, "global_step": 700,
+                "draft_vocab": {"size": vocab, "coverage_validation": 0.9}, "epochs": 10.0,
+                "ended_by": "max_epochs", "precision": "bf16-mixed", "machine": "CPU (avx2)",
+                "prompts": 20, "tree": "chain4", "tau": tau, "train_tokens_per_s": 700.0,
+                "accept_at_depth": [0.25, 0.05, 0.02, 0.01]}  # fmt: skip
+
+    for r in (row("medusa", 990_000, 8192, 1.5), row("falcon", 99_000, 8192, 1.3),
+              row("medusa", 99_000, 4096, 1.33), row("medusa", 99_000, 8192, 1.35)):  # fmt: skip
+        (tmp_path / f"{r['run']}.json").write_text(json.dumps(r))
+    (tmp_path / "other.json").write_text("{}")  # not a scaling row
+    lines = results_report.scaling_lines(tmp_path)
+    runs = [ln.split(" | ")[0][2:] for ln in lines if ln.startswith("| scaling_")]
+    assert runs == ["scaling_falcon_99000", "scaling_medusa_99000_v4096", "scaling_medusa_99000",
+                    "scaling_medusa_990000"]  # fmt: skip
+    medusa = next(ln for ln in lines if ln.startswith("| scaling_medusa_99000 |"))
+    assert "| 700 (bf16) | 700 (10.0 ep, epochs) | 1.350 | 0.250 |" in medusa
+    assert lines[-1] == "trained on: CPU (avx2)"
+    assert results_report.scaling_lines(tmp_path / "none")[0].startswith("No run decoded yet")
