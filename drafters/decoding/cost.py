@@ -72,13 +72,21 @@ def measure_cost_ratio(
     return timed(tree_step) / timed(ar_step)
 
 
-@torch.inference_mode()
 def forward_cost_profile(
     target: Target, max_rows: int = 33, prompt_len: int = 128, reps: int = 3, seed: int = 0
 ) -> list[float]:
-    """t(n) / t(1) for n = 1 .. max_rows: the median time of a target forward over n new tokens
-    (a tree of n - 1 nodes and its root, with a tree mask) plus its LM head, on a random context
-    of prompt_len tokens, over that of one token. Index n - 1 holds t(n) / t(1)."""
+    """t(n) / t(1) for n = 1 .. max_rows (`forward_seconds`). Index n - 1 holds t(n) / t(1)."""
+    times = forward_seconds(target, max_rows, prompt_len, reps, seed)
+    return [t / times[0] for t in times]
+
+
+@torch.inference_mode()
+def forward_seconds(
+    target: Target, max_rows: int = 33, prompt_len: int = 128, reps: int = 3, seed: int = 0
+) -> list[float]:
+    """t(n) for n = 1 .. max_rows: the median seconds of a target forward over n new tokens (a
+    tree of n - 1 nodes and its root, with a tree mask) plus its LM head, on a random context of
+    prompt_len tokens."""
     from drafters.decoding.verify import tree_attention_mask
 
     gen = torch.Generator().manual_seed(seed)
@@ -102,7 +110,7 @@ def forward_cost_profile(
             if i:  # the first call warms up
                 samples.append(t1 - t0)
         times.append(statistics.median(samples))
-    return [t / times[0] for t in times]
+    return times
 
 
 _PROFILES: dict[tuple, list[float]] = {}

@@ -1,0 +1,50 @@
+"""The few-row linear kernel: equal to F.linear up to summation order, and batch-invariant (a
+row's outputs are bit-identical alone and inside any batch), on shapes with tails in K and N."""
+
+import pytest
+import torch
+
+from drafters.kernels.small_linear import available, small_linear, use_small_linear
+
+
+@pytest.mark.parametrize("K, N", [(576, 1536), (1536, 576), (37, 7), (64, 1)])
+def test_matches_f_linear_and_is_batch_invariant(K, N):
+    g = torch.Generator().manual_seed(K + N)
+    x = torch.randn(11, K, generator=g)
+    w = torch.randn(N, K, generator=g)
+    b = torch.randn(N, generator=g)
+    y = small_linear(x, w, b)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
+    for rows in range(1, 12):  # every prefix, and each row alone
+        assert torch.equal(small_linear(x[:rows], w, b), y[:rows])
+    for i in range(11):
+        assert torch.equal(small_linear(x[i], w, b), y[i])  # a 1-D row, as (..., K)
+
+
+def test_leading_dimensions_and_refusals():
+    x, w = torch.randn(2, 3, 40), torch.randn(5, 40)
+    assert small_linear(x, w).shape == (2, 3, 5)
+    with pytest.raises(RuntimeError, match="float32 only"):
+        small_linear(x.double(), w.double())
+    with pytest.raises(RuntimeError, match=r"x \(M, K\) and w \(N, K\)"):
+        small_linear(x, torch.randn(5, 41))
+
+
+def test_the_kernel_builds_on_this_machine():
+    """CI's machines have a compiler and ninja (a project dependency): a failed build fails."""
+    assert available() == (True, "")
+
+
+def test_use_small_linear_swaps_the_linears_of_a_model_and_restores_them(tiny):
+    model = tiny.model
+    ids, wide_ids = torch.randint(tiny.vocab_size, (1, 9)), torch.randint(tiny.vocab_size, (1, 17))
+    with torch.inference_mode():
+        plain, plain_wide = model(ids).logits, model(wide_ids).logits
+        with use_small_linear(model, max_rows=16) as swap:
+            assert swap.linears and all("forward" in vars(m) for m in swap.linears)
+            ours = model(ids).logits
+            wide = model(wide_ids).logits  # 17 rows: F.linear, as outside
+        assert not any("forward" in vars(m) for m in swap.linears)
+        again = model(ids).logits
+    torch.testing.assert_close(ours, plain, rtol=1e-4, atol=1e-4)
+    assert torch.equal(again, plain) and torch.equal(wide, plain_wide)
