@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -43,12 +44,13 @@ def _name() -> str:
 def _module():
     from torch.utils.cpp_extension import load
 
-    folder = _build_dir() / _name()
+    name = _name()
+    folder = _build_dir() / name
     folder.mkdir(parents=True, exist_ok=True)
-    venv_bin = str(Path(os.sys.executable).parent)  # ninja installed beside this interpreter
+    venv_bin = str(Path(sys.executable).parent)  # ninja installed beside this interpreter
     if venv_bin not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
-    return load(_name(), [str(SOURCE)], extra_cflags=["-O3", "-march=native"],
+    return load(name, [str(SOURCE)], extra_cflags=["-O3", "-march=native"],
                 build_directory=str(folder), verbose=False)  # fmt: skip
 
 
