@@ -1,12 +1,13 @@
-"""The decoders' LM-head product on this machine: `head(x)` against `project(head, x)` (W @ x.T),
-by rows (positions projected at once: a step's root, tree nodes, a drafter block).
+"""The decoders' LM-head product on this machine in each form (`drafters.decoding.linears`:
+F.linear, W @ x.T, the few-row kernel), by rows (positions projected at once: a step's root,
+tree nodes, a drafter block).
 
     python benchmarks/bench_lm_head.py --threads 1
 
 Shape: SmolLM2-135M's LM head (V=49152, d=576), float32 unless --dtype. Median ms of --iters
-calls, interleaved, after a warm-up. Prints a markdown table of both products at every row count,
-and the form `project` uses on this machine (`drafters.decoding.logits.kernel_plan`: measured
-once per machine and shape, then read from its cache file), to check that choice.
+calls, the forms interleaved, after a warm-up. Prints a markdown table of every form at every row
+count, and the form `project` uses on this machine (`kernel_plan`: measured once per machine and
+shape, then read from its cache file), to check that choice.
 """
 
 import argparse
@@ -16,19 +17,20 @@ import time
 import torch
 from torch import nn
 
-from drafters.decoding.logits import MAX_ROWS, kernel_plan, project
+from drafters.decoding.linears import _RUN, MAX_ROWS, forms_for, kernel_plan, project
 
 
-def median_ms(f, g, iters: int) -> tuple[float, float]:
-    """Median ms of f and of g, called alternately (load drift hits both alike)."""
-    f(), g()
-    tf, tg = [], []
+def median_ms(fns: dict, iters: int) -> dict[str, float]:
+    """Median ms of each function, called in turn (load drift hits all alike)."""
+    for f in fns.values():
+        f()
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(iters):
-        for fn, times in ((f, tf), (g, tg)):
+        for name, f in fns.items():
             t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(tf), 1000 * statistics.median(tg)
+            f()
+            times[name].append(time.perf_counter() - t0)
+    return {name: 1000 * statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
@@ -44,18 +46,19 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     head = nn.Linear(args.hidden, args.vocab, bias=False).to(dtype).requires_grad_(False)
+    forms = forms_for(head.weight)
     print(f"LM head {args.vocab} x {args.hidden} {args.dtype}, {torch.get_num_threads()} thread(s)")
-    print("| rows | head(x) ms | W @ x.T ms | ratio | project uses |")
-    print("|---:|---:|---:|---:|---|")
+    print("| rows | " + " | ".join(f"{f} ms" for f in forms) + " | project uses |")
+    print("|---:|" + "---:|" * len(forms) + "---|")
     plan = kernel_plan(head.weight)
-    for n in args.rows:
-        x = torch.randn(n, args.hidden, dtype=dtype)
-        torch.testing.assert_close(project(head, x), head(x), rtol=1e-4, atol=1e-4)
-        a, b = median_ms(
-            lambda x=x: head(x), lambda x=x: torch.mm(head.weight, x.t()).t(), args.iters
-        )
-        used = "W @ x.T" if n <= MAX_ROWS and plan[n - 1] else "head(x)"
-        print(f"| {n} | {a:.1f} | {b:.1f} | {a / b:.2f} | {used} |")
+    with torch.inference_mode():
+        for n in args.rows:
+            x = torch.randn(n, args.hidden, dtype=dtype)
+            torch.testing.assert_close(project(head, x), head(x), rtol=1e-4, atol=1e-4)
+            ms = median_ms({f: (lambda f=f, x=x: _RUN[f](x, head.weight)) for f in forms},
+                           args.iters)  # fmt: skip
+            used = plan[n - 1] if n <= MAX_ROWS else "linear"
+            print(f"| {n} | " + " | ".join(f"{ms[f]:.1f}" for f in forms) + f" | {used} |")
 
 
 if __name__ == "__main__":

@@ -64,7 +64,10 @@ def timed(fn) -> tuple[float, object]:
 
 
 def step_cost(decode, ids_list, n: int, refs) -> tuple[float, int]:
-    """(seconds per verification forward, forwards) pooled over prompts; outputs checked."""
+    """(seconds per verification forward, forwards) pooled over prompts; outputs checked. A
+    first untimed call pays what a decoder does once per process (its linears' kernel plan is
+    measured on first use, `drafters.decoding.linears`)."""
+    decode(ids_list[0], 2)
     seconds, forwards = 0.0, 0
     for ids, ref in zip(ids_list, refs, strict=True):
         t1, _ = timed(lambda ids=ids: decode(ids, 1))

@@ -42,3 +42,18 @@ def describe() -> str:
     """'<model> (<features>)', the line records keep about the machine that made them."""
     features = processor_features()
     return f"{processor_name()} ({', '.join(features) if features else 'no ' + FEATURES[0]})"
+
+
+@functools.cache
+def last_level_cache_bytes(default: int = 32 << 20) -> int:
+    """The largest CPU cache of one core's view (Linux sysfs, e.g. a 32 MiB L3); `default`
+    where the system does not say."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip().upper()
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * unit)
+        except ValueError:
+            continue
+    return max(sizes, default=default)

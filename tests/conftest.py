@@ -14,7 +14,7 @@ from drafters.testing import tiny_target
 # OMP_NUM_THREADS themselves.
 torch.set_num_threads(1)
 
-# The decoders' measured LM-head kernel plans (drafters/decoding/logits.py) go to a file of this
+# The decoders' measured LM-head kernel plans (drafters/decoding/linears.py) go to a file of this
 # test session, subprocesses included, not to the user's ~/.cache.
 os.environ.setdefault("DRAFTERS_KERNEL_CACHE", os.path.join(tempfile.mkdtemp(), "kernels.json"))
 

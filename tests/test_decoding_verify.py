@@ -1,7 +1,5 @@
 """Tree verification on the stock HF forward: acceptance, KV pruning, returned features/logits."""
 
-import json
-
 import pytest
 import torch
 
@@ -114,38 +112,6 @@ def test_every_root_to_leaf_path_matches_causal_forward(setup):
         torch.testing.assert_close(logits[path], ref[0, P:], atol=1e-4, rtol=0)
     keep_kv(cache, P, torch.zeros(0, dtype=torch.long))
     assert cache.get_seq_length() == P
-
-
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 16, 17])
-@pytest.mark.parametrize("form", ["mm", "linear", "measured"])
-def test_project_equals_the_head_in_either_form(rows, form, monkeypatch):
-    from drafters.decoding import logits
-
-    head = torch.nn.Linear(16, 300, bias=rows % 2 == 0)
-    if form != "measured":  # force one form for every row count
-        monkeypatch.setitem(logits._PLANS, logits._key(head.weight), (form == "mm",) * 16)
-    x = torch.randn(1, rows, 16)
-    torch.testing.assert_close(logits.project(head, x), head(x), rtol=1e-5, atol=1e-5)
-    assert logits.project(head, x).shape == (1, rows, 300)
-
-
-def test_kernel_plan_is_measured_once_per_machine_and_shape(tmp_path, monkeypatch):
-    from drafters.decoding import logits
-
-    monkeypatch.setenv("DRAFTERS_KERNEL_CACHE", str(tmp_path / "kernels.json"))
-    monkeypatch.setattr(logits, "_PLANS", {})
-    weight = torch.randn(257, 24)
-    plan = logits.kernel_plan(weight)
-    assert len(plan) == logits.MAX_ROWS and all(isinstance(p, bool) for p in plan)
-    stored = json.loads((tmp_path / "kernels.json").read_text())
-    assert stored[logits._key(weight)] == ["mm" if p else "linear" for p in plan]
-    monkeypatch.setattr(logits, "_PLANS", {})  # a new process: the file answers, no timing
-    monkeypatch.setattr(logits, "measure_plan", lambda w: pytest.fail("measured again"))
-    assert logits.kernel_plan(weight) == plan
-    other = torch.randn(257, 32)  # another shape is measured anew
-    monkeypatch.setattr(logits, "measure_plan", lambda w: (True,) * logits.MAX_ROWS)
-    assert logits.kernel_plan(other) == (True,) * logits.MAX_ROWS
-    assert len(json.loads((tmp_path / "kernels.json").read_text())) == 2
 
 
 def test_in_place_cache_equals_hf_dynamic_cache_across_growth_and_pruning():

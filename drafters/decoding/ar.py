@@ -7,12 +7,13 @@ from collections.abc import Callable
 import torch
 
 from drafters.decoding.cache import new_cache, target_forward
-from drafters.decoding.logits import project
+from drafters.decoding.linears import fitted, project
 from drafters.decoding.result import DecodeResult, Generation
 from drafters.target import Target
 
 
 @torch.inference_mode()
+@fitted
 def decode_ar(
     target: Target,
     input_ids: torch.Tensor,

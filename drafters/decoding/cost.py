@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from drafters.decoding.cache import keep_kv, new_cache, target_forward
-from drafters.decoding.logits import project
+from drafters.decoding.linears import fitted, project
 from drafters.decoding.result import sync_clock
 from drafters.decoding.tree import Tree, TreeLayout
 from drafters.decoding.verify import verify_tree
@@ -27,6 +27,7 @@ from drafters.target import Target
 
 
 @torch.inference_mode()
+@fitted
 def measure_cost_ratio(
     target: Target,
     tree: Tree | TreeLayout,
@@ -81,6 +82,7 @@ def forward_cost_profile(
 
 
 @torch.inference_mode()
+@fitted
 def forward_seconds(
     target: Target, max_rows: int = 33, prompt_len: int = 128, reps: int = 3, seed: int = 0
 ) -> list[float]:

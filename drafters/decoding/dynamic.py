@@ -43,7 +43,7 @@ from torch import nn
 from drafters.decoding.cache import new_cache, target_forward
 from drafters.decoding.candidates import Calibration, CandidateTree, choose_budget
 from drafters.decoding.cost import cost_profile
-from drafters.decoding.logits import project
+from drafters.decoding.linears import fitted, project
 from drafters.decoding.ngram import NgramIndex
 from drafters.decoding.result import DecodeResult, Generation
 from drafters.decoding.verify import verify_tree
@@ -290,6 +290,7 @@ def proposer_for(drafter, target: Target, cfg: DynamicConfig, gate: nn.Module | 
 
 
 @torch.inference_mode()
+@fitted
 def decode_dynamic(
     target: Target,
     drafter: nn.Module | None,

@@ -59,7 +59,7 @@ from torch import nn
 
 from drafters.decoding.cache import new_cache, target_forward
 from drafters.decoding.falcon_tree import FalconPlan, get_falcon_tree
-from drafters.decoding.logits import project
+from drafters.decoding.linears import fitted, project
 from drafters.decoding.result import DecodeResult, Generation
 from drafters.decoding.tree import Tree, TreeLayout
 from drafters.decoding.verify import verify_tree
@@ -213,6 +213,7 @@ def draft_tree(
 
 
 @torch.inference_mode()
+@fitted
 def decode_falcon(
     target: Target,
     drafter: FalconDrafter,

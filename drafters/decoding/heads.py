@@ -21,7 +21,7 @@ from torch import nn
 
 from drafters.decoding.cache import new_cache, target_forward
 from drafters.decoding.cost import measure_cost_ratio
-from drafters.decoding.logits import project
+from drafters.decoding.linears import fitted, project
 from drafters.decoding.result import DecodeResult, Generation
 from drafters.decoding.tree import Tree, get_tree
 from drafters.decoding.verify import verify_tree
@@ -66,6 +66,7 @@ def gate_threshold(cost_ratio: float) -> float:
 
 
 @torch.inference_mode()
+@fitted
 def decode_heads(
     target: Target,
     drafter: HeadDrafter,

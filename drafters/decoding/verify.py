@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from drafters.decoding.cache import keep_kv, target_forward
-from drafters.decoding.logits import project
+from drafters.decoding.linears import project
 from drafters.decoding.tree import TreeLayout
 from drafters.target import Target
 

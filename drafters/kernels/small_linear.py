@@ -11,6 +11,7 @@ Built on first use with torch's C++ extension loader (ninja and a C++ compiler; 
 processor it runs on (`-march=native`: AVX-512 or AVX2 tiles), in `$DRAFTERS_CACHE/kernels/`
 under a name keyed by the source, torch version and processor, so a replaced machine builds
 its own. `available()` says whether it built here (and why not); nothing falls back silently.
+The decoders use it where it measures fastest (`drafters.decoding.linears`).
 """
 
 from __future__ import annotations
@@ -70,41 +71,3 @@ def small_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], w.shape[0])
-
-
-class use_small_linear:
-    """Within the block, every float32 CPU `nn.Linear` of `module` runs `small_linear` for calls of
-    at most `max_rows` rows (more rows: `F.linear`, where BLAS kernels are at their best).
-
-        with use_small_linear(target.model, max_rows=16):
-            ...  # decode
-    """
-
-    def __init__(self, module: torch.nn.Module, max_rows: int = 16):
-        linears = (m for m in module.modules() if isinstance(m, torch.nn.Linear))
-        self.linears = [m for m in linears if m.weight.dtype == torch.float32
-                        and m.weight.device.type == "cpu"]  # fmt: skip
-        self.max_rows = max_rows
-
-    def __enter__(self):
-        ok, why = available()
-        if not ok:
-            raise RuntimeError(f"the small_linear kernel did not build on this machine: {why}")
-        for m in self.linears:
-            m.forward = self._forward(m)
-        return self
-
-    def __exit__(self, *exc):
-        for m in self.linears:
-            del m.forward  # back to the class's forward
-        return False
-
-    def _forward(self, m: torch.nn.Linear):
-        plain = type(m).forward.__get__(m)
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            if x.numel() // x.shape[-1] > self.max_rows or x.dtype != torch.float32:
-                return plain(x)
-            return small_linear(x, m.weight, m.bias)
-
-        return forward
