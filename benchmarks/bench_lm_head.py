@@ -17,7 +17,7 @@ import time
 import torch
 from torch import nn
 
-from drafters.decoding.linears import _RUN, MAX_ROWS, forms_for, kernel_plan, project
+from drafters.decoding.linears import MAX_ROWS, PRODUCTS, forms_for, kernel_plan, project
 
 
 def median_ms(fns: dict, iters: int) -> dict[str, float]:
@@ -55,7 +55,7 @@ def main() -> None:
         for n in args.rows:
             x = torch.randn(n, args.hidden, dtype=dtype)
             torch.testing.assert_close(project(head, x), head(x), rtol=1e-4, atol=1e-4)
-            ms = median_ms({f: (lambda f=f, x=x: _RUN[f](x, head.weight)) for f in forms},
+            ms = median_ms({f: (lambda f=f, x=x: PRODUCTS[f](x, head.weight)) for f in forms},
                            args.iters)  # fmt: skip
             used = plan[n - 1] if n <= MAX_ROWS else "linear"
             print(f"| {n} | " + " | ".join(f"{ms[f]:.1f}" for f in forms) + f" | {used} |")

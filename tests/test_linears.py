@@ -65,8 +65,8 @@ def test_fitted_decoder_runs_the_forms_inside_and_leaves_the_modules_stock(
     drafter = torch.nn.Sequential(torch.nn.Linear(4, 4))
     ids, wide = torch.randint(tiny.vocab_size, (1, 9)), torch.randint(tiny.vocab_size, (1, 17))
     calls = []
-    real = linears._RUN[form]
-    monkeypatch.setitem(linears._RUN, form, lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    real = linears.PRODUCTS[form]
+    monkeypatch.setitem(linears.PRODUCTS, form, lambda x, w: calls.append(x.shape[0]) or real(x, w))
 
     @fitted
     def decoder(target, drafter, ids):

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from drafters.kernels.small_linear import available, small_linear
 from drafters.machine import last_level_cache_bytes, processor_name
 
 MAX_ROWS = 16  # row counts measured; the decoders run 1 .. ~16 rows a call
@@ -53,18 +54,13 @@ def _mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.mm(w, x.t()).t()
 
 
-def _small(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    from drafters.kernels.small_linear import small_linear
-
-    return small_linear(x, w)
-
-
 def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x, w)
 
 
-_RUN: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "linear": _linear, "mm": _mm, "small": _small}  # fmt: skip
+# form -> x (rows, d) @ w.T; the kernel's module builds on its first call, not on import
+PRODUCTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "linear": _linear, "mm": _mm, "small": small_linear}  # fmt: skip
 
 
 def forms_for(weight: torch.Tensor) -> tuple[str, ...]:
@@ -79,8 +75,6 @@ def forms_for(weight: torch.Tensor) -> tuple[str, ...]:
         if weight.dtype != torch.float32:
             forms = tuple(f for f in forms if f != "small")
         else:
-            from drafters.kernels.small_linear import available
-
             ok, why = available()
             if not ok:
                 if why not in _WARNED:
@@ -99,7 +93,7 @@ def rows_product(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tenso
             or torch.is_autocast_enabled("cpu")):  # fmt: skip
         return F.linear(x, weight, bias)
     form = kernel_plan(weight)[rows - 1]
-    out = _RUN[form](x.reshape(rows, x.shape[-1]), weight)
+    out = PRODUCTS[form](x.reshape(rows, x.shape[-1]), weight)
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -205,13 +199,13 @@ def measure_plan(weight: torch.Tensor, forms: tuple[str, ...], reps: int = 3) ->
     with torch.inference_mode():
         x1 = torch.randn(1, d, dtype=weight.dtype)
         for f in forms:
-            _RUN[f](x1, weight)  # first calls: allocations, the kernel's load
+            PRODUCTS[f](x1, weight)  # first calls: allocations, the kernel's load
         for rows in range(1, MAX_ROWS + 1):
             x = torch.randn(rows, d, dtype=weight.dtype)
             times: dict[str, list[float]] = {f: [] for f in forms}
             for i in range(reps + 1):
                 for f in forms:
-                    run = _RUN[f]
+                    run = PRODUCTS[f]
                     t0 = time.perf_counter()
                     for w in copies:
                         run(x, w)
