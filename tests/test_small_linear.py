@@ -33,3 +33,19 @@ def test_leading_dimensions_and_refusals():
 def test_the_kernel_builds_on_this_machine():
     """CI's machines have a compiler and ninja (a project dependency): a failed build fails."""
     assert available() == (True, "")
+
+
+def test_the_packed_copy_follows_the_weight():
+    """The kernel reads a packed copy made once per weight: an in-place change (an optimizer
+    step, load_state_dict) is seen on the next call, and a weight made in inference mode packs."""
+    from drafters.kernels.small_linear import packed
+
+    x, w = torch.randn(3, 40), torch.randn(21, 40)
+    first = small_linear(x, w)
+    assert packed(w) is packed(w)  # made once
+    with torch.no_grad():
+        w.mul_(2)
+    torch.testing.assert_close(small_linear(x, w), 2 * first, rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        wi = torch.randn(21, 40)
+        torch.testing.assert_close(small_linear(x, wi), x @ wi.T, rtol=1e-4, atol=1e-4)

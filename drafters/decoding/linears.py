@@ -10,7 +10,9 @@ the LM head on one machine of a kind was wrong on another, and a 4-row verify of
 - "linear": `F.linear(x, W)`, what `nn.Linear` runs;
 - "mm": `(W @ x.T).T`, another BLAS kernel (a matrix-vector product per row on some processors);
 - "small": the few-row kernel of `drafters.kernels.small_linear` (float32; one pass over the
-  weights for all rows, batch-invariant), where it builds on this machine.
+  weights for all rows, batch-invariant), where it builds on this machine. It reads a packed
+  copy of the weight, made on its first call and kept while the weight lives: the linears the
+  plan gives it hold their weights twice (SmolLM2 fp32: +0.54 GB).
 
 So the choice is measured where the decoder runs: the first call on a CPU weight of a given shape
 and dtype times every form for 1 .. MAX_ROWS rows on cold weights, as a forward meets them
@@ -41,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from drafters.kernels.small_linear import available, small_linear
+from drafters.kernels.small_linear import available, build_name, small_linear
 from drafters.machine import last_level_cache_bytes, processor_name
 
 MAX_ROWS = 16  # row counts measured; the decoders run 1 .. ~16 rows a call
@@ -154,8 +156,9 @@ def fitted(decoder: Callable) -> Callable:
 
 def _key(weight: torch.Tensor, forms: Iterable[str]) -> str:
     N, d = weight.shape
+    kernel = f" | {build_name()}" if "small" in forms else ""  # an edited kernel is timed anew
     return (f"{processor_name()} | torch {torch.__version__} | {torch.get_num_threads()} threads | "
-            f"{weight.dtype} | {N}x{d} | {','.join(forms)}")  # fmt: skip
+            f"{weight.dtype} | {N}x{d} | {','.join(forms)}{kernel}")  # fmt: skip
 
 
 def _cache_file() -> Path:

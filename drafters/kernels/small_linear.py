@@ -5,7 +5,10 @@ Why: at decode time every linear of the target sees 1 .. ~16 rows (the AR step, 
 small tree). There the BLAS kernels either run a matrix-vector product per row (a full pass over
 the weights each) or repack the weights on every call, so a 4-row verify of SmolLM2's linears
 cost 1.3-1.8x a 1-row step where the weight traffic alone says ~1.0x (README, Measured). The
-kernel (small_linear.cpp) reads each tile of weight rows once and multiplies it with every row.
+kernel (small_linear.cpp) reads the weights in a packed layout (panels of VEC output rows,
+K-major), made once per weight and kept beside it (`packed`: a second copy of each weight the
+kernel runs, dropped with the weight and made again after an in-place change), and multiplies
+each panel with every row of x from registers.
 
 Built on first use with torch's C++ extension loader (ninja and a C++ compiler; ~1 min), for the
 processor it runs on (`-march=native`: AVX-512 or AVX2 tiles), in `$DRAFTERS_CACHE/kernels/`
@@ -23,10 +26,15 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
 
 from drafters.machine import processor_features, processor_name
 
 SOURCE = Path(__file__).with_name("small_linear.cpp")
+# fused multiply-adds everywhere, so every tile runs the same operations (batch invariance)
+CFLAGS = ["-O3", "-march=native", "-ffp-contract=fast"]
+_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # weight -> (its state, packed copy)
 
 
 def _build_dir() -> Path:
@@ -34,9 +42,10 @@ def _build_dir() -> Path:
     return root.expanduser() / "kernels"
 
 
+@functools.cache
 def _name() -> str:
-    """One build per source, torch and processor (model and vector extensions)."""
-    key = "|".join([SOURCE.read_text(), torch.__version__, processor_name(),
+    """One build per source, flags, torch and processor (model and vector extensions)."""
+    key = "|".join([SOURCE.read_text(), " ".join(CFLAGS), torch.__version__, processor_name(),
                     ",".join(processor_features())])  # fmt: skip
     return "drafters_small_linear_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
@@ -51,7 +60,7 @@ def _module():
     venv_bin = str(Path(sys.executable).parent)  # ninja installed beside this interpreter
     if venv_bin not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
-    return load(name, [str(SOURCE)], extra_cflags=["-O3", "-march=native"],
+    return load(name, [str(SOURCE)], extra_cflags=CFLAGS,
                 build_directory=str(folder), verbose=False)  # fmt: skip
 
 
@@ -65,9 +74,41 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
+def build_name() -> str:
+    """The kernel build this process uses (source, torch and processor): measured plans that
+    rank it are keyed by it, so an edited kernel is measured anew."""
+    return _name()
+
+
+def packed(w: torch.Tensor) -> torch.Tensor:
+    """w (N, K) in the kernel's layout (ceil(N / VEC), K, VEC), zero rows past N: made on the
+    first call for a weight, kept while the weight lives, made again if the weight was changed
+    in place (its version counter) or re-pointed."""
+    try:
+        version = w._version
+    except RuntimeError:  # an inference tensor keeps no version counter (nor changes outside it)
+        version = -1
+    state = (w.data_ptr(), version, tuple(w.shape))
+    hit = _PACKED.get(w)
+    if hit is not None and hit[0] == state:
+        return hit[1]
+    vec = _module().vec_width()
+    N, K = w.shape
+    P = -(-N // vec)
+    with torch.no_grad():
+        wp = F.pad(w.detach(), (0, 0, 0, P * vec - N)).view(P, vec, K).transpose(1, 2).contiguous()
+    _PACKED[w] = (state, wp)
+    return wp
+
+
 def small_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None):
     """x (..., K) @ w (N, K).T (+ bias) -> (..., N), float32 CPU tensors."""
-    y = _module().small_linear(x.reshape(-1, x.shape[-1]), w)
+    if w.dim() != 2 or x.shape[-1] != w.shape[1]:
+        raise RuntimeError(f"small_linear: x (M, K) and w (N, K), got {tuple(x.shape)} and "
+                           f"{tuple(w.shape)}")  # fmt: skip
+    if x.dtype != torch.float32 or w.dtype != torch.float32:
+        raise RuntimeError(f"small_linear: float32 only, got {x.dtype} and {w.dtype}")
+    y = _module().small_linear(x.reshape(-1, x.shape[-1]), packed(w), w.shape[0])
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], w.shape[0])
