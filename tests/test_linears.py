@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from drafters.decoding import linears
-from drafters.decoding.linears import FORMS, MAX_ROWS, fit_linears, fitted, kernel_plan, project
+from drafters.decoding.linears import FORMS, PLAN_ROWS, fit_linears, fitted, kernel_plan, project
 
 
 @pytest.fixture
@@ -17,7 +17,7 @@ def fresh_plans(tmp_path, monkeypatch):
     return tmp_path / "kernels.json"
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 16, 17])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 16, 17, 22, 32, 33])
 @pytest.mark.parametrize("form", [*FORMS, None])
 def test_project_equals_the_head_in_every_form(rows, form, fresh_plans, monkeypatch):
     if form is not None:  # force one form for every row count; None: the measured plan
@@ -33,7 +33,7 @@ def test_project_equals_the_head_in_every_form(rows, form, fresh_plans, monkeypa
 def test_kernel_plan_is_measured_once_per_machine_and_shape(fresh_plans, monkeypatch):
     weight = torch.randn(257, 24)
     plan = kernel_plan(weight)
-    assert len(plan) == MAX_ROWS and set(plan) <= set(FORMS)
+    assert len(plan) == len(PLAN_ROWS) and set(plan) <= set(FORMS)
     assert "small" in linears.forms_for(weight)  # the kernel builds here (CI too)
     stored = json.loads(fresh_plans.read_text())
     assert stored[linears._key(weight, linears.forms_for(weight))] == list(plan)
@@ -41,8 +41,8 @@ def test_kernel_plan_is_measured_once_per_machine_and_shape(fresh_plans, monkeyp
     monkeypatch.setattr(linears, "measure_plan", lambda w, f: pytest.fail("measured again"))
     assert kernel_plan(weight) == plan
     other = torch.randn(257, 32)  # another shape is measured anew
-    monkeypatch.setattr(linears, "measure_plan", lambda w, f: ("mm",) * MAX_ROWS)
-    assert kernel_plan(other) == ("mm",) * MAX_ROWS
+    monkeypatch.setattr(linears, "measure_plan", lambda w, f: ("mm",) * len(PLAN_ROWS))
+    assert kernel_plan(other) == ("mm",) * len(PLAN_ROWS)
     assert len(json.loads(fresh_plans.read_text())) == 2
 
 
@@ -63,7 +63,7 @@ def test_fitted_decoder_runs_the_forms_inside_and_leaves_the_modules_stock(
     monkeypatch.setenv("DRAFTERS_LINEAR_FORMS", form)
     model = tiny.model
     drafter = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    ids, wide = torch.randint(tiny.vocab_size, (1, 9)), torch.randint(tiny.vocab_size, (1, 17))
+    ids, wide = torch.randint(tiny.vocab_size, (1, 9)), torch.randint(tiny.vocab_size, (1, 33))
     calls = []
     real = linears.PRODUCTS[form]
     monkeypatch.setitem(linears.PRODUCTS, form, lambda x, w: calls.append(x.shape[0]) or real(x, w))
@@ -80,7 +80,7 @@ def test_fitted_decoder_runs_the_forms_inside_and_leaves_the_modules_stock(
         plain, plain_wide = model(ids).logits, model(wide).logits
         assert not calls
         ours, ours_wide = decoder(tiny, drafter, ids)
-        assert calls and set(calls) == {9}  # 17 rows: F.linear, as outside
+        assert calls and set(calls) == {9}  # 33 rows: F.linear, as outside
         linears_ = [m for m in (*model.modules(), *drafter.modules())
                     if isinstance(m, torch.nn.Linear)]  # fmt: skip
         assert not any("forward" in vars(m) for m in linears_)

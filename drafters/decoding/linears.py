@@ -15,7 +15,8 @@ the LM head on one machine of a kind was wrong on another, and a 4-row verify of
   plan gives it hold their weights twice (SmolLM2 fp32: +0.54 GB).
 
 So the choice is measured where the decoder runs: the first call on a CPU weight of a given shape
-and dtype times every form for 1 .. MAX_ROWS rows on cold weights, as a forward meets them
+and dtype times every form for the row counts of PLAN_ROWS (1 .. 16 each, then every 4th to
+MAX_ROWS; a count between two is run as the next one up was) on cold weights, as a forward meets them
 (`kernel_plan`; measured for SmolLM2's shapes in the README) and keeps the fastest per row
 count, in memory and in a JSON file per machine (`$DRAFTERS_KERNEL_CACHE`, default
 `~/.cache/drafters/kernels.json`, keyed by processor, torch version, threads, dtype, shape and the
@@ -30,6 +31,7 @@ use `F.linear`. Values equal `F.linear` up to float summation order.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import math
@@ -46,9 +48,12 @@ from torch import nn
 from drafters.kernels.small_linear import available, build_name, small_linear
 from drafters.machine import last_level_cache_bytes, processor_name
 
-MAX_ROWS = 16  # row counts measured; the decoders run 1 .. ~16 rows a call
+# the row counts timed: the decoders run 1 .. ~33 rows a call (an AR step, a tree's nodes + 1)
+PLAN_ROWS = (*range(1, 17), 20, 24, 28, 32)
+MAX_ROWS = PLAN_ROWS[-1]
+_SLOT = [0] + [bisect.bisect_left(PLAN_ROWS, r) for r in range(1, MAX_ROWS + 1)]  # rows -> entry
 FORMS = ("linear", "mm", "small")
-_PLANS: dict[tuple, tuple[str, ...]] = {}  # _memory_key -> the form for rows 1..MAX_ROWS
+_PLANS: dict[tuple, tuple[str, ...]] = {}  # _memory_key -> the form for each of PLAN_ROWS
 _WARNED: set[str] = set()
 
 
@@ -94,11 +99,16 @@ def rows_product(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tenso
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
             or torch.is_autocast_enabled("cpu")):  # fmt: skip
         return F.linear(x, weight, bias)
-    form = kernel_plan(weight)[rows - 1]
+    form = planned_form(weight, rows)
     out = PRODUCTS[form](x.reshape(rows, x.shape[-1]), weight)
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def planned_form(weight: torch.Tensor, rows: int) -> str:
+    """The form the plan runs `rows` rows of x against this weight in ("linear" past MAX_ROWS)."""
+    return kernel_plan(weight)[_SLOT[rows]] if 1 <= rows <= MAX_ROWS else "linear"
 
 
 def project(head: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -187,13 +197,13 @@ def _write_file(key: str, plan: tuple[str, ...]) -> None:
 
 
 def measure_plan(weight: torch.Tensor, forms: tuple[str, ...], reps: int = 3) -> tuple[str, ...]:
-    """For rows 1..MAX_ROWS: the fastest of `forms` (median of `reps` samples, the forms
+    """For each row count of PLAN_ROWS: the fastest of `forms` (median of `reps` samples, the forms
     interleaved so that load drift hits all alike). The weights are timed cold, as a forward
     meets them (each linear's weights were evicted by the other layers' since its last call): a
     sample runs once over enough copies of the weight to overflow twice the last-level cache,
     else a small projection would be timed from L2 where the kernels rank differently."""
     if len(forms) == 1:
-        return forms * MAX_ROWS
+        return forms * len(PLAN_ROWS)
     d = weight.shape[1]
     size = weight.numel() * weight.element_size()
     n = max(1, min(256, math.ceil(2 * last_level_cache_bytes() / size)))
@@ -203,7 +213,7 @@ def measure_plan(weight: torch.Tensor, forms: tuple[str, ...], reps: int = 3) ->
         x1 = torch.randn(1, d, dtype=weight.dtype)
         for f in forms:
             PRODUCTS[f](x1, weight)  # first calls: allocations, the kernel's load
-        for rows in range(1, MAX_ROWS + 1):
+        for rows in PLAN_ROWS:
             x = torch.randn(rows, d, dtype=weight.dtype)
             times: dict[str, list[float]] = {f: [] for f in forms}
             for i in range(reps + 1):
@@ -226,14 +236,14 @@ def _memory_key(weight: torch.Tensor) -> tuple:
 
 def kernel_plan(weight: torch.Tensor) -> tuple[str, ...]:
     """The measured plan for this weight's shape on this machine (in memory, else the file, else
-    timed): the form for each row count 1..MAX_ROWS."""
+    timed): the form for each row count of PLAN_ROWS."""
     mem = _memory_key(weight)
     plan = _PLANS.get(mem)
     if plan is None:
         forms = forms_for(weight)
         key = _key(weight, forms)
         stored = _read_file().get(key)
-        if isinstance(stored, list) and len(stored) == MAX_ROWS and set(stored) <= set(forms):
+        if isinstance(stored, list) and len(stored) == len(PLAN_ROWS) and set(stored) <= set(forms):
             plan = tuple(stored)
         else:
             plan = measure_plan(weight, forms)
