@@ -17,8 +17,8 @@ the LM head on one machine of a kind was wrong on another, and a 4-row verify of
 So the choice is measured where the decoder runs: the first call on a CPU weight of a given shape
 and dtype times every form for the row counts of PLAN_ROWS (1 .. 16 each, then every 4th to
 MAX_ROWS; a count between two is run as the next one up was) on cold weights, as a forward
-meets them (`kernel_plan`; measured for SmolLM2's shapes in the README) and keeps the fastest per row
-count, in memory and in a JSON file per machine (`$DRAFTERS_KERNEL_CACHE`, default
+meets them (`kernel_plan`; measured for SmolLM2's shapes in the README) and keeps the fastest
+per row count, in memory and in a JSON file per machine (`$DRAFTERS_KERNEL_CACHE`, default
 `~/.cache/drafters/kernels.json`, keyed by processor, torch version, threads, dtype, shape and the
 forms compared), so later processes reuse it. More rows, other devices, autograd and autocast
 use `F.linear`. Values equal `F.linear` up to float summation order.
