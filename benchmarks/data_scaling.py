@@ -6,7 +6,8 @@
         data.features=offline
 
 For every drafter, token budget and draft vocabulary size (--vocab, run name suffix _v<V_d>;
-default: the experiment's size, no suffix): one `python train.py +experiment=<drafter>_smollm2`
+default: the curve's V_d = CURVE_VOCAB = 8,192, no suffix, whatever the experiment's default
+is, so the curve's rows stay comparable across a change of that default): one `python train.py +experiment=<drafter>_smollm2`
 run on a nested subset of at most that many answer tokens (`data.max_train_tokens`; `all` = the
 whole corpus), under one budget rule for every run (the experiment's: up to 10 epochs and 2,000
 steps, early stopping and best.ckpt on val/accept_len_est; extra overrides go to every run
@@ -44,8 +45,11 @@ from heldout import (
 )
 
 
-def run_name(drafter: str, budget: str, vocab: int | None = None) -> str:
-    return f"scaling_{drafter}_{budget}" + (f"_v{vocab}" if vocab else "")
+CURVE_VOCAB = 8192  # the draft vocabulary of the curve's rows (the runs named without a suffix)
+
+
+def run_name(drafter: str, budget: str, vocab: int = CURVE_VOCAB) -> str:
+    return f"scaling_{drafter}_{budget}" + (f"_v{vocab}" if vocab != CURVE_VOCAB else "")
 
 
 def vocab_cell(row: dict) -> str:
@@ -64,16 +68,21 @@ def main() -> None:
         "--tokens", nargs="+", type=token_budget, default=["100000", "300000", "1000000", "all"]
     )
     p.add_argument(
-        "--vocab", nargs="+", type=int, default=[None], metavar="V_D",
-        help="draft vocabulary sizes (drafter.model.draft_vocab_size; default: the experiment's, "
-        "runs named without a suffix); a run at the default size is the unsuffixed run, reused",
+        "--vocab", nargs="+", type=int, default=None, metavar="V_D",
+        help=f"draft vocabulary sizes (drafter.model.draft_vocab_size; default {CURVE_VOCAB}, the "
+        "curve's, runs named without a suffix, which a run at that size reuses; an override "
+        "drafter.model.draft_vocab_size=V instead sets it for every run, names unchanged)",
     )  # fmt: skip
     p.add_argument("--depth", type=int, default=4, help="chain depth decoded (Falcon: k x passes)")
     add_run_args(p, "scaling", record=True)
     args = p.parse_args()
+    key = "drafter.model.draft_vocab_size="
+    if args.vocab and any(o.startswith(key) for o in args.overrides):
+        p.error(f"set the draft vocabulary by --vocab or by the override {key}V, not both")
+    vocabs = args.vocab or [CURVE_VOCAB]
     target, prompts, out = start(args)
     rows = []
-    for drafter, budget, vocab in itertools.product(args.drafters, args.tokens, args.vocab):
+    for drafter, budget, vocab in itertools.product(args.drafters, args.tokens, vocabs):
         name = run_name(drafter, budget, vocab)
         result_path = out / f"{name}.json"
         if result_path.is_file():
@@ -81,8 +90,8 @@ def main() -> None:
             continue
         limit = "null" if budget == "all" else budget
         over = [f"data.max_train_tokens={limit}", *args.overrides]
-        if vocab:
-            over.append(f"drafter.model.draft_vocab_size={vocab}")
+        if not any(o.startswith(key) for o in args.overrides):
+            over.append(f"{key}{vocab}")
         run_dir = train_run(name, f"{drafter}_smollm2", over, args.log_dir)
         rows.append(decode_heldout(run_dir, target, prompts, args.max_new_tokens, args.depth))
         result_path.write_text(json.dumps(rows[-1], indent=1))
