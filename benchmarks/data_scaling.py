@@ -6,12 +6,13 @@
         data.features=offline
 
 For every drafter, token budget and draft vocabulary size (--vocab, run name suffix _v<V_d>;
-default: the curve's V_d = CURVE_VOCAB = 8,192, no suffix, whatever the experiment's default
-is, so the curve's rows stay comparable across a change of that default): one `python train.py +experiment=<drafter>_smollm2`
-run on a nested subset of at most that many answer tokens (`data.max_train_tokens`; `all` = the
-whole corpus), under one budget rule for every run (the experiment's: up to 10 epochs and 2,000
-steps, early stopping and best.ckpt on val/accept_len_est; extra overrides go to every run
-alike), exported at its end (`logs/train/<run>/drafter`). Then the drafter decodes held-out ShareGPT
+default: the curve's V_d = CURVE_VOCAB = 8,192, no suffix, whatever the experiment's default is,
+so the curve's rows stay comparable across a change of that default): one `python train.py
++experiment=<drafter>_smollm2` run on a nested subset of at most that many answer tokens
+(`data.max_train_tokens`; `all` = the whole corpus), under one budget rule for every run (the
+experiment's: up to 10 epochs and 2,000 steps, early stopping and best.ckpt on
+val/accept_len_est; extra overrides go to every run alike), exported at its end
+(`logs/train/<run>/drafter`). Then the drafter decodes held-out ShareGPT
 first turns (the corpus's validation split by conversation id: never trained on, never the
 evaluation sets) beside the plain AR loop, greedy, on the drafter's chain of depth --depth;
 every output is checked against AR's. Reported per run: answer tokens trained on, the steps,
@@ -43,7 +44,6 @@ from heldout import (
     train_run,
     train_speed,
 )
-
 
 CURVE_VOCAB = 8192  # the draft vocabulary of the curve's rows (the runs named without a suffix)
 
