@@ -77,7 +77,8 @@ def main() -> None:
     add_run_args(p, "scaling", record=True)
     args = p.parse_args()
     key = "drafter.model.draft_vocab_size="
-    if args.vocab and any(o.startswith(key) for o in args.overrides):
+    vocab_overridden = any(o.startswith(key) for o in args.overrides)
+    if args.vocab and vocab_overridden:
         p.error(f"set the draft vocabulary by --vocab or by the override {key}V, not both")
     vocabs = args.vocab or [CURVE_VOCAB]
     target, prompts, out = start(args)
@@ -90,7 +91,7 @@ def main() -> None:
             continue
         limit = "null" if budget == "all" else budget
         over = [f"data.max_train_tokens={limit}", *args.overrides]
-        if not any(o.startswith(key) for o in args.overrides):
+        if not vocab_overridden:
             over.append(f"{key}{vocab}")
         run_dir = train_run(name, f"{drafter}_smollm2", over, args.log_dir)
         rows.append(decode_heldout(run_dir, target, prompts, args.max_new_tokens, args.depth))
