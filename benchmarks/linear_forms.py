@@ -5,7 +5,7 @@ drift falls on all.
 
     python benchmarks/linear_forms.py                    # SmolLM2 fp32, 1 thread, 1..16 rows
     python benchmarks/linear_forms.py --threads 2 --rounds 5 --arms linear measured
-    python benchmarks/linear_forms.py --dtype bfloat16 --arms linear mm measured
+    python benchmarks/linear_forms.py --dtype bfloat16 --arms linear mm small measured
 
 t(n) = the median time of a target forward over n new tokens with a tree mask plus its LM head
 (`drafters.decoding.cost.forward_seconds`), on a random 128-token context; each cell the
@@ -35,15 +35,13 @@ def main() -> None:
     p.add_argument("--target", default="smollm2_135m")
     p.add_argument("--rows", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--dtype", default=None, help="float32 (default) or bfloat16 (no small arm)")
+    p.add_argument("--dtype", default=None, help="float32 (default) or bfloat16")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--arms", nargs="+", choices=ARMS, default=["linear", "small", "measured"])
     args = p.parse_args()
     arms = ["linear", *[a for a in args.arms if a != "linear"]]  # the baseline first
     torch.set_num_threads(args.threads)
     target = load_target(args.target, dtype=args.dtype)
-    if target.dtype != torch.float32 and "small" in arms:
-        p.error("the few-row kernel is float32 only: leave 'small' out of --arms")
     os.environ.pop("DRAFTERS_LINEAR_FORMS", None)
     weights = {tuple(m.weight.shape): m.weight for m in target.model.modules()
                if isinstance(m, torch.nn.Linear)}  # fmt: skip

@@ -48,7 +48,8 @@ def test_kernel_plan_is_measured_once_per_machine_and_shape(fresh_plans, monkeyp
 
 def test_forms_are_restricted_by_the_environment_and_the_dtype(fresh_plans, monkeypatch):
     w = torch.randn(8, 8)
-    assert "small" not in linears.forms_for(w.bfloat16())  # the kernel is float32 only
+    assert "small" in linears.forms_for(w.bfloat16())  # the kernel runs float32 and bfloat16
+    assert "small" not in linears.forms_for(w.double())
     monkeypatch.setenv("DRAFTERS_LINEAR_FORMS", "linear,mm")
     assert linears.forms_for(w) == ("linear", "mm")
     monkeypatch.setenv("DRAFTERS_LINEAR_FORMS", "linear,blas")

@@ -9,10 +9,10 @@ the LM head on one machine of a kind was wrong on another, and a 4-row verify of
 
 - "linear": `F.linear(x, W)`, what `nn.Linear` runs;
 - "mm": `(W @ x.T).T`, another BLAS kernel (a matrix-vector product per row on some processors);
-- "small": the few-row kernel of `drafters.kernels.small_linear` (float32; one pass over the
-  weights for all rows, batch-invariant), where it builds on this machine. It reads a packed
+- "small": the few-row kernel of `drafters.kernels.small_linear` (float32 or bfloat16; one pass
+  over the weights for all rows, batch-invariant), where it builds on this machine. It reads a packed
   copy of the weight, made on its first call and kept while the weight lives: the linears the
-  plan gives it hold their weights twice (SmolLM2 fp32: +0.54 GB).
+  plan gives it hold their weights twice (SmolLM2: +0.54 GB in fp32, +0.27 GB in bf16).
 
 So the choice is measured where the decoder runs: the first call on a CPU weight of a given shape
 and dtype times every form for the row counts of PLAN_ROWS (1 .. 16 each, then every 4th to
@@ -72,14 +72,14 @@ PRODUCTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 
 def forms_for(weight: torch.Tensor) -> tuple[str, ...]:
     """The forms compared for this weight here: FORMS (or $DRAFTERS_LINEAR_FORMS), "small" only
-    for float32 and where the kernel builds (if it does not, said once on stderr)."""
+    for float32 and bfloat16 and where the kernel builds (if it does not, said once on stderr)."""
     wanted = os.environ.get("DRAFTERS_LINEAR_FORMS")
     forms = tuple(f.strip() for f in wanted.split(",") if f.strip()) if wanted else FORMS
     unknown = [f for f in forms if f not in FORMS]
     if unknown or not forms:
         raise ValueError(f"DRAFTERS_LINEAR_FORMS={wanted!r}: use a comma list of {FORMS}")
     if "small" in forms:
-        if weight.dtype != torch.float32:
+        if weight.dtype not in (torch.float32, torch.bfloat16):
             forms = tuple(f for f in forms if f != "small")
         else:
             ok, why = available()

@@ -1,107 +1,189 @@
-// x (M, K) @ w (N, K)^T for a few rows M, float32: the target's and drafters' linears at
-// decode time (1 .. ~16 positions a call), where BLAS kernels built for large M either stream
-// the weights once per row (matrix-vector) or repack them on every call.
+// x (M, K) @ w (N, K)^T for a few rows M, float32 or bfloat16: the target's and drafters'
+// linears at decode time (1 .. ~32 positions a call), where BLAS kernels built for large M either
+// stream the weights once per row (matrix-vector) or repack them on every call.
 //
-// The weights are packed once (by the caller, `pack` layout below): panel p holds the VEC
-// weight rows p*VEC .. p*VEC+VEC-1, K-major, so one vector load brings one k of VEC outputs.
-// A tile of R rows of x and C panels keeps R*C vector accumulators in registers and, per k,
-// loads C weight vectors and broadcasts R scalars of x (no horizontal sums, no repacking):
-// every weight byte comes from memory once per call, whatever M.
+// The weights are packed once (`packed` in small_linear.py): panel p holds the VEC
+// weight rows p*VEC .. p*VEC+VEC-1, K-major, so one vector load brings one k (float32) or one
+// pair of k (bfloat16, the two values of a row side by side) of VEC outputs. A tile of R rows
+// of x and C panels keeps R*C float32 vector accumulators in registers and, per step, loads C
+// weight vectors and broadcasts R values of x (no horizontal sums, no repacking): every weight
+// byte comes from memory once per call, whatever M.
 //
-// Batch-invariant by construction: y[i, j] = fma(x[i, K-1], w[j, K-1], ... fma(x[i, 0],
-// w[j, 0], 0)), in order over k, the same operations whatever M is and wherever row i sits in
-// x, so one row decoded alone and the same row inside a verify batch get bit-identical outputs.
+// bfloat16: products and sums in float32 (AVX512-BF16's dot product of pairs where the processor
+// has it, else both halves widened to float32 and two FMAs), the result rounded to bfloat16 once,
+// at the end (round to nearest even), as oneDNN's bf16 GEMM does.
+//
+// Batch-invariant by construction: y[i, j] is the same sequence of operations over k, in order,
+// whatever M is and wherever row i sits in x, so one row decoded alone and the same row inside a
+// verify batch get bit-identical outputs.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
+// A tile of R rows runs C(R) panels: enough independent accumulator chains to hide the latency
+// of the multiply-add (a 1-row tile of 4 panels waited on it: half the speed of 6 rows), within
+// the vector registers (R * C accumulators + C weight vectors + a broadcast). C(R) divides GROUP,
+// the panels a thread takes at a time. Which C a row's tile runs does not change its sums.
 #if defined(__AVX512F__)
-constexpr int VEC = 16, RMAX = 6, CMAX = 4;  // 24 accumulators + 4 weight vectors of 32 zmm
+constexpr int VEC = 16, RMAX = 6, GROUP = 12;  // 32 zmm
+constexpr int cols_for(int R) { return R == 1 ? 12 : R <= 3 ? 6 : 4; }
 #else
-constexpr int VEC = 8, RMAX = 6, CMAX = 2;   // AVX2: 12 + 2 + a broadcast of 16 ymm
+constexpr int VEC = 8, RMAX = 6, GROUP = 6;   // AVX2: 16 ymm
+constexpr int cols_for(int R) { return R == 1 ? 6 : R <= 3 ? 3 : 2; }
 #endif
 typedef float vec __attribute__((vector_size(VEC * 4)));
+typedef uint32_t uvec __attribute__((vector_size(VEC * 4)));
 
-template <int R, int C>  // R rows of x, C panels (C * VEC outputs, `ncols` of them real)
-static inline void tile(const float* __restrict x, int64_t K, const float* __restrict wp,
-                        float* __restrict y, int64_t ldy, int64_t ncols) {
+struct F32 {  // one k a step: w panel (P, K, VEC), x (M, K)
+  using T = float;
+  using X = float;
+  static constexpr int PER_STEP = 1;
+  static inline vec load(const T* p) { vec v; __builtin_memcpy(&v, p, sizeof v); return v; }
+  static inline X broadcast(const T* x) { return *x; }
+  static inline void madd(vec& acc, vec w, X x) { acc += x * w; }
+  static inline void put(T* y, float v) { *y = v; }
+};
+
+struct BF16 {  // a pair of k a step: w panel (P, K/2, VEC, 2), x (M, K), K even
+  using T = c10::BFloat16;
+  using X = uint32_t;  // x[i, 2s] in the low half, x[i, 2s + 1] in the high half
+  static constexpr int PER_STEP = 2;
+  static inline uvec load(const T* p) { uvec v; __builtin_memcpy(&v, p, sizeof v); return v; }
+  static inline X broadcast(const T* x) { X v; __builtin_memcpy(&v, x, sizeof v); return v; }
+#if defined(__AVX512BF16__)
+  static constexpr const char* how = "avx512bf16";
+  static inline void madd(vec& acc, uvec w, X x) {
+    acc = _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(int(x)));
+  }
+#else
+  static constexpr const char* how = "widened";
+  // bfloat16 is float32's high half; the high pair first, as VDPBF16PS sums (the products are
+  // exact in float32, so both builds round the same sums, denormals aside: it flushes them)
+  static inline void madd(vec& acc, uvec w, X x) {
+    const float lo = __builtin_bit_cast(float, x << 16);
+    const float hi = __builtin_bit_cast(float, x & 0xffff0000u);
+    acc += hi * (vec)(w & 0xffff0000u);
+    acc += lo * (vec)(w << 16);
+  }
+#endif
+  static inline void put(T* y, float v) { *y = c10::BFloat16(v); }  // round to nearest even
+};
+
+template <class E, int R, int C>  // R rows of x, C panels (C * VEC outputs, `ncols` of them real)
+static inline void tile(const typename E::T* __restrict x, int64_t K,
+                        const typename E::T* __restrict wp, typename E::T* __restrict y,
+                        int64_t ldy, int64_t ncols) {
+  using W = decltype(E::load(wp));
   vec acc[R][C];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < C; ++j) acc[i][j] = (vec){};
-  const int64_t panel = K * VEC;
-  for (int64_t k = 0; k < K; ++k) {
-    vec wv[C];
-    for (int j = 0; j < C; ++j) __builtin_memcpy(&wv[j], wp + j * panel + k * VEC, sizeof(vec));
+  const int64_t panel = K * VEC, steps = K / E::PER_STEP, stride = VEC * E::PER_STEP;
+  for (int64_t s = 0; s < steps; ++s) {
+    W wv[C];
+    for (int j = 0; j < C; ++j) wv[j] = E::load(wp + j * panel + s * stride);
     for (int i = 0; i < R; ++i) {
-      const float xi = x[i * K + k];
-      for (int j = 0; j < C; ++j) acc[i][j] += xi * wv[j];
+      const auto xi = E::broadcast(x + i * K + s * E::PER_STEP);
+      for (int j = 0; j < C; ++j) E::madd(acc[i][j], wv[j], xi);
     }
   }
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < C; ++j) {
       const int64_t n0 = j * VEC;
-      if (n0 + VEC <= ncols) __builtin_memcpy(y + i * ldy + n0, &acc[i][j], sizeof(vec));
-      else
-        for (int64_t t = 0; n0 + t < ncols; ++t) y[i * ldy + n0 + t] = acc[i][j][t];
+      if constexpr (std::is_same_v<typename E::T, float>) {
+        if (n0 + VEC <= ncols) {
+          __builtin_memcpy(y + i * ldy + n0, &acc[i][j], sizeof(vec));
+          continue;
+        }
+      }
+      for (int64_t t = 0; t < VEC && n0 + t < ncols; ++t) E::put(y + i * ldy + n0 + t, acc[i][j][t]);
     }
 }
 
-template <int R, int C>  // a last tile of r < RMAX rows
-static inline void tail_rows(int r, const float* x, int64_t K, const float* wp, float* y,
-                             int64_t ldy, int64_t ncols) {
-  if constexpr (R >= 1) {
-    if (r == R) tile<R, C>(x, K, wp, y, ldy, ncols);
-    else tail_rows<R - 1, C>(r, x, K, wp, y, ldy, ncols);
-  }
-}
-
-template <int C>  // every row of x against C panels
-static void all_rows(const float* x, int64_t M, int64_t K, const float* wp, float* y,
-                     int64_t ldy, int64_t ncols) {
-  int64_t i = 0;
-  for (; i + RMAX <= M; i += RMAX) tile<RMAX, C>(x + i * K, K, wp, y + i * ldy, ldy, ncols);
-  if (M > i) tail_rows<RMAX - 1, C>(int(M - i), x + i * K, K, wp, y + i * ldy, ldy, ncols);
-}
-
-template <int C>  // a last group of c < CMAX panels
-static inline void tail_panels(int c, const float* x, int64_t M, int64_t K, const float* wp,
-                               float* y, int64_t ldy, int64_t ncols) {
+template <class E, int R, int C>  // R rows against the last c < C(R) panels of a group
+static inline void tail_panels(int c, const typename E::T* x, int64_t K, const typename E::T* wp,
+                               typename E::T* y, int64_t ldy, int64_t ncols) {
   if constexpr (C >= 1) {
-    if (c == C) all_rows<C>(x, M, K, wp, y, ldy, ncols);
-    else tail_panels<C - 1>(c, x, M, K, wp, y, ldy, ncols);
+    if (c == C) tile<E, R, C>(x, K, wp, y, ldy, ncols);
+    else tail_panels<E, R, C - 1>(c, x, K, wp, y, ldy, ncols);
   }
+}
+
+template <class E, int R>  // R rows of x against np panels (ncols real outputs)
+static void rows_by_panels(const typename E::T* x, int64_t K, const typename E::T* wp,
+                           typename E::T* y, int64_t ldy, int64_t np, int64_t ncols) {
+  constexpr int C = cols_for(R);
+  int64_t p = 0;
+  for (; p + C <= np; p += C)
+    tile<E, R, C>(x, K, wp + p * K * VEC, y + p * VEC, ldy, std::min<int64_t>(ncols - p * VEC, C * VEC));
+  if (p < np)
+    tail_panels<E, R, C - 1>(int(np - p), x, K, wp + p * K * VEC, y + p * VEC, ldy, ncols - p * VEC);
+}
+
+template <class E, int R>  // the last r < RMAX rows
+static inline void tail_rows(int r, const typename E::T* x, int64_t K, const typename E::T* wp,
+                             typename E::T* y, int64_t ldy, int64_t np, int64_t ncols) {
+  if constexpr (R >= 1) {
+    if (r == R) rows_by_panels<E, R>(x, K, wp, y, ldy, np, ncols);
+    else tail_rows<E, R - 1>(r, x, K, wp, y, ldy, np, ncols);
+  }
+}
+
+template <class E>
+static void run(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, torch::Tensor& y) {
+  using T = typename E::T;
+  const int64_t M = x.size(0), K = x.size(1), P = wp.size(0);
+  const T* xp = reinterpret_cast<const T*>(x.data_ptr());
+  const T* w = reinterpret_cast<const T*>(wp.data_ptr());
+  T* yp = reinterpret_cast<T*>(y.data_ptr());
+  at::parallel_for(0, (P + GROUP - 1) / GROUP, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {  // GROUP panels (their weights stay in L2 across rows)
+      const int64_t p = g * GROUP, np = std::min<int64_t>(GROUP, P - p), n0 = p * VEC;
+      const int64_t ncols = std::min<int64_t>(N - n0, np * VEC);
+      const T* wg = w + p * K * VEC;
+      const int64_t full = M / RMAX * RMAX;
+      constexpr int C = cols_for(RMAX);
+      for (int64_t q = 0; q < np; q += C)  // whole tiles of rows: each C panels from L1/L2
+        for (int64_t i = 0; i < full; i += RMAX)
+          rows_by_panels<E, RMAX>(xp + i * K, K, wg + q * K * VEC, yp + i * N + n0 + q * VEC, N,
+                                  std::min<int64_t>(C, np - q), ncols - q * VEC);
+      if (M > full)  // the last rows against the whole group, in tiles of their own width
+        tail_rows<E, RMAX - 1>(int(M - full), xp + full * K, K, wg, yp + full * N + n0, N, np, ncols);
+    }
+  });
 }
 
 int64_t vec_width() { return VEC; }
+std::string bf16_products() { return BF16::how; }
 
-// x (M, K) float32, wp (P, K, VEC) = w (N, K) packed (zero rows past N), N -> y (M, N)
+// x (M, K), wp = w (N, K) packed (zero rows past N): float32 (P, K, VEC), bfloat16
+// (P, K / 2, VEC, 2) with K even; -> y (M, N) in x's dtype
 torch::Tensor small_linear(torch::Tensor x, torch::Tensor wp, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && wp.dim() == 3 && x.size(1) == wp.size(1) && wp.size(2) == VEC &&
-                  wp.size(0) == (N + VEC - 1) / VEC,
-              "small_linear: x (M, K) and packed w (ceil(N / ", VEC, "), K, ", VEC, "), got ",
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((x.scalar_type() == at::kFloat || bf16) && wp.scalar_type() == x.scalar_type(),
+              "small_linear: float32 or bfloat16, x and w alike; got ", x.scalar_type(), " and ",
+              wp.scalar_type());
+  const int64_t P = (N + VEC - 1) / VEC;
+  const bool shapes = bf16 ? x.dim() == 2 && wp.dim() == 4 && x.size(1) == 2 * wp.size(1) &&
+                                 wp.size(2) == VEC && wp.size(3) == 2 && wp.size(0) == P
+                           : x.dim() == 2 && wp.dim() == 3 && x.size(1) == wp.size(1) &&
+                                 wp.size(2) == VEC && wp.size(0) == P;
+  TORCH_CHECK(shapes, "small_linear: x (M, K) and packed w (ceil(N / ", VEC, "), K, ", VEC,
+              ") for float32, (ceil(N / ", VEC, "), K / 2, ", VEC, ", 2) for bfloat16 (K even), got ",
               x.sizes(), ", ", wp.sizes(), " and N = ", N);
-  TORCH_CHECK(x.scalar_type() == at::kFloat && wp.scalar_type() == at::kFloat,
-              "small_linear: float32 only");
   TORCH_CHECK(x.device().is_cpu() && wp.device().is_cpu(), "small_linear: CPU tensors only");
   x = x.contiguous();
   wp = wp.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), P = wp.size(0);
-  auto y = torch::empty({M, N}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* w = wp.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, (P + CMAX - 1) / CMAX, 4, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t p = g * CMAX, n0 = p * VEC;
-      const int64_t ncols = std::min<int64_t>(N - n0, CMAX * VEC);
-      const float* wg = w + p * K * VEC;
-      if (p + CMAX <= P) all_rows<CMAX>(xp, M, K, wg, yp + n0, N, ncols);
-      else tail_panels<CMAX - 1>(int(P - p), xp, M, K, wg, yp + n0, N, ncols);
-    }
-  });
+  auto y = torch::empty({x.size(0), N}, x.options());
+  if (bf16) run<BF16>(x, wp, N, y);
+  else run<F32>(x, wp, N, y);
   return y;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_linear", &small_linear, "x (M, K) @ w (N, K)^T from w packed, batch-invariant");
   m.def("vec_width", &vec_width, "the panel width VEC of the packed layout on this build");
+  m.def("bf16_products", &bf16_products, "how this build multiplies bfloat16: avx512bf16 or widened");
 }

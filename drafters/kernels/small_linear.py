@@ -1,5 +1,6 @@
-"""`small_linear(x, w)` = x @ w.T for a few rows of x (float32, CPU): one pass over the weights
-for all rows, and batch-invariant (a row gets bit-identical outputs alone or inside a batch).
+"""`small_linear(x, w)` = x @ w.T for a few rows of x (float32 or bfloat16, CPU): one pass over
+the weights for all rows, and batch-invariant (a row gets bit-identical outputs alone or inside a
+batch). bfloat16 sums in float32 and rounds once, at the end.
 
 Why: at decode time every linear of the target sees 1 .. ~16 rows (the AR step, a verify of a
 small tree). There the BLAS kernels either run a matrix-vector product per row (a full pass over
@@ -11,7 +12,8 @@ kernel runs, dropped with the weight and made again after an in-place change), a
 each panel with every row of x from registers.
 
 Built on first use with torch's C++ extension loader (ninja and a C++ compiler; ~1 min), for the
-processor it runs on (`-march=native`: AVX-512 or AVX2 tiles), in `$DRAFTERS_CACHE/kernels/`
+processor it runs on (`-march=native`: AVX-512 or AVX2 tiles; bfloat16 pairs multiplied by
+AVX512-BF16's dot product where the processor has it, else widened to float32), in `$DRAFTERS_CACHE/kernels/`
 under a name keyed by the source, torch version and processor, so a replaced machine builds
 its own. `available()` says whether it built here (and why not); nothing falls back silently.
 The decoders use it where it measures fastest (`drafters.decoding.linears`).
@@ -43,24 +45,25 @@ def _build_dir() -> Path:
 
 
 @functools.cache
-def _name() -> str:
+def _name(flags: tuple[str, ...] = tuple(CFLAGS)) -> str:
     """One build per source, flags, torch and processor (model and vector extensions)."""
-    key = "|".join([SOURCE.read_text(), " ".join(CFLAGS), torch.__version__, processor_name(),
+    key = "|".join([SOURCE.read_text(), " ".join(flags), torch.__version__, processor_name(),
                     ",".join(processor_features())])  # fmt: skip
     return "drafters_small_linear_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 @functools.cache
-def _module():
+def _module(flags: tuple[str, ...] = tuple(CFLAGS)):
+    """The kernel built with these compiler flags (the tests build a variant too)."""
     from torch.utils.cpp_extension import load
 
-    name = _name()
+    name = _name(flags)
     folder = _build_dir() / name
     folder.mkdir(parents=True, exist_ok=True)
     venv_bin = str(Path(sys.executable).parent)  # ninja installed beside this interpreter
     if venv_bin not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
-    return load(name, [str(SOURCE)], extra_cflags=CFLAGS,
+    return load(name, [str(SOURCE)], extra_cflags=list(flags),
                 build_directory=str(folder), verbose=False)  # fmt: skip
 
 
@@ -81,9 +84,10 @@ def build_name() -> str:
 
 
 def packed(w: torch.Tensor) -> torch.Tensor:
-    """w (N, K) in the kernel's layout (ceil(N / VEC), K, VEC), zero rows past N: made on the
-    first call for a weight, kept while the weight lives, made again if the weight was changed
-    in place (its version counter) or re-pointed."""
+    """w (N, K) in the kernel's layout, zero rows past N: float32 (ceil(N / VEC), K, VEC);
+    bfloat16 (ceil(N / VEC), ceil(K / 2), VEC, 2), a zero column added to an odd K. Made on the
+    first call for a weight, kept while the weight lives, made again if the weight was changed in
+    place (its version counter) or re-pointed."""
     try:
         version = w._version
     except RuntimeError:  # an inference tensor keeps no version counter (nor changes outside it)
@@ -96,19 +100,36 @@ def packed(w: torch.Tensor) -> torch.Tensor:
     N, K = w.shape
     P = -(-N // vec)
     with torch.no_grad():
-        wp = F.pad(w.detach(), (0, 0, 0, P * vec - N)).view(P, vec, K).transpose(1, 2).contiguous()
+        if w.dtype == torch.bfloat16:
+            K2 = -(-K // 2)
+            wp = F.pad(w.detach(), (0, 2 * K2 - K, 0, P * vec - N)).view(P, vec, K2, 2)
+            wp = wp.transpose(1, 2).contiguous()
+        else:
+            wp = F.pad(w.detach(), (0, 0, 0, P * vec - N)).view(P, vec, K).transpose(1, 2)
+            wp = wp.contiguous()
     _PACKED[w] = (state, wp)
     return wp
 
 
+def bf16_products() -> str:
+    """How this build multiplies bfloat16: "avx512bf16" (the processor's dot product of pairs)
+    or "widened" (each half widened to float32, two FMAs)."""
+    return _module().bf16_products()
+
+
 def small_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None):
-    """x (..., K) @ w (N, K).T (+ bias) -> (..., N), float32 CPU tensors."""
+    """x (..., K) @ w (N, K).T (+ bias) -> (..., N), float32 or bfloat16 CPU tensors (x and w
+    alike)."""
     if w.dim() != 2 or x.shape[-1] != w.shape[1]:
         raise RuntimeError(f"small_linear: x (M, K) and w (N, K), got {tuple(x.shape)} and "
                            f"{tuple(w.shape)}")  # fmt: skip
-    if x.dtype != torch.float32 or w.dtype != torch.float32:
-        raise RuntimeError(f"small_linear: float32 only, got {x.dtype} and {w.dtype}")
-    y = _module().small_linear(x.reshape(-1, x.shape[-1]), packed(w), w.shape[0])
+    if x.dtype != w.dtype or x.dtype not in (torch.float32, torch.bfloat16):
+        raise RuntimeError(f"small_linear: float32 or bfloat16 only, x and w alike, got {x.dtype} "
+                           f"and {w.dtype}")  # fmt: skip
+    rows = x.reshape(-1, x.shape[-1])
+    if x.dtype == torch.bfloat16 and x.shape[-1] % 2:  # pairs of k: the packed w has a zero column
+        rows = F.pad(rows, (0, 1))
+    y = _module().small_linear(rows, packed(w), w.shape[0])
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], w.shape[0])
