@@ -66,8 +66,14 @@ def test_fitted_decoder_runs_the_forms_inside_and_leaves_the_modules_stock(
     drafter = torch.nn.Sequential(torch.nn.Linear(4, 4))
     ids, wide = torch.randint(tiny.vocab_size, (1, 9)), torch.randint(tiny.vocab_size, (1, 33))
     calls = []
-    real = linears.PRODUCTS[form]
-    monkeypatch.setitem(linears.PRODUCTS, form, lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    if form == "small":  # fitted modules run the kernel on their packed weight
+        real = linears.packed_product
+        monkeypatch.setattr(linears, "packed_product",
+                            lambda x, wp, n: calls.append(x.shape[0]) or real(x, wp, n))  # fmt: skip
+    else:
+        real = linears.PRODUCTS[form]
+        monkeypatch.setitem(linears.PRODUCTS, form,
+                            lambda x, w: calls.append(x.shape[0]) or real(x, w))  # fmt: skip
 
     @fitted
     def decoder(target, drafter, ids):

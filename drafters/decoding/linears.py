@@ -45,7 +45,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from drafters.kernels.small_linear import available, build_name, small_linear
+from drafters.kernels.small_linear import (
+    available,
+    build_name,
+    packed,
+    packed_product,
+    small_linear,
+)
 from drafters.machine import last_level_cache_bytes, processor_name
 
 # the row counts timed: the decoders run 1 .. ~33 rows a call (an AR step, a tree's nodes + 1)
@@ -92,12 +98,18 @@ def forms_for(weight: torch.Tensor) -> tuple[str, ...]:
     return forms or ("linear",)
 
 
+def _stock(x: torch.Tensor, weight: torch.Tensor, rows: int) -> bool:
+    """Whether this product stays `F.linear`: another device, a row count past the plan, mixed
+    dtypes, autograd or autocast."""
+    return (x.device.type != "cpu" or not 1 <= rows <= MAX_ROWS or x.dtype != weight.dtype
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+            or torch.is_autocast_enabled("cpu"))  # fmt: skip
+
+
 def rows_product(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     """x (..., d) @ weight.T (+ bias) in the measured fastest form for its row count."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (x.device.type != "cpu" or not 1 <= rows <= MAX_ROWS or x.dtype != weight.dtype
-            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-            or torch.is_autocast_enabled("cpu")):  # fmt: skip
+    if _stock(x, weight, rows):
         return F.linear(x, weight, bias)
     form = planned_form(weight, rows)
     out = PRODUCTS[form](x.reshape(rows, x.shape[-1]), weight)
@@ -136,7 +148,7 @@ class fit_linears:
     def __enter__(self):
         for m in self.linears:
             if "forward" not in vars(m):  # not fitted by an outer block (nor patched by others)
-                m.forward = functools.partial(_fitted_forward, m)
+                m.forward = _FittedLinear(m)
                 self.mine.append(m)
         return self
 
@@ -147,8 +159,36 @@ class fit_linears:
         return False
 
 
-def _fitted_forward(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return rows_product(m.weight, m.bias, x)
+class _FittedLinear:
+    """A fitted module's forward: `rows_product` with what it looks up per call (the plan, the
+    packed weight) kept for the block, which runs one decoder call (the weights, the threads and
+    $DRAFTERS_LINEAR_FORMS do not change inside it). The per-call lookups cost ~10 us a linear,
+    ~2 ms of a 25-40 ms SmolLM2 forward."""
+
+    __slots__ = ("weight", "bias", "n", "plan", "wp")
+
+    def __init__(self, m: nn.Linear):
+        self.weight, self.bias, self.n = m.weight, m.bias, m.weight.shape[0]
+        self.plan: tuple[str, ...] | None = None  # on the first call (it may be measured)
+        self.wp: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1]
+        rows = x.numel() // d if d else 0
+        if _stock(x, self.weight, rows):
+            return F.linear(x, self.weight, self.bias)
+        if self.plan is None:
+            self.plan = kernel_plan(self.weight)
+        form = self.plan[_SLOT[rows]]
+        if form == "small":
+            if self.wp is None:
+                self.wp = packed(self.weight)
+            out = packed_product(x.reshape(rows, d), self.wp, self.n)
+        else:
+            out = PRODUCTS[form](x.reshape(rows, d), self.weight)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.n)
 
 
 def fitted(decoder: Callable) -> Callable:
