@@ -67,9 +67,13 @@ def test_fitted_decoder_runs_the_forms_inside_and_leaves_the_modules_stock(
     ids, wide = torch.randint(tiny.vocab_size, (1, 9)), torch.randint(tiny.vocab_size, (1, 33))
     calls = []
     if form == "small":  # fitted modules run the kernel on their packed weight
-        real = linears.packed_product
-        monkeypatch.setattr(linears, "packed_product",
-                            lambda x, wp, n: calls.append(x.shape[0]) or real(x, wp, n))  # fmt: skip
+        packed = linears.packed_product
+
+        def spy(x, wp, n):
+            calls.append(x.shape[0])
+            return packed(x, wp, n)
+
+        monkeypatch.setattr(linears, "packed_product", spy)
     else:
         real = linears.PRODUCTS[form]
         monkeypatch.setitem(linears.PRODUCTS, form,

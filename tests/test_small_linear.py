@@ -31,7 +31,7 @@ def test_bfloat16_sums_in_float32_and_is_batch_invariant(K, N):
     y = small_linear(x, w)
     assert y.dtype == torch.bfloat16
     exact = x.double() @ w.double().T  # the products are exact in float32; only the sums round
-    torch.testing.assert_close(y.double(), exact, rtol=2 ** -8, atol=1e-3)  # one bf16 rounding
+    torch.testing.assert_close(y.double(), exact, rtol=2**-8, atol=1e-3)  # one bf16 rounding
     for rows in range(1, 12):
         assert torch.equal(small_linear(x[:rows], w), y[:rows])
     for i in range(11):

@@ -10,8 +10,8 @@ the LM head on one machine of a kind was wrong on another, and a 4-row verify of
 - "linear": `F.linear(x, W)`, what `nn.Linear` runs;
 - "mm": `(W @ x.T).T`, another BLAS kernel (a matrix-vector product per row on some processors);
 - "small": the few-row kernel of `drafters.kernels.small_linear` (float32 or bfloat16; one pass
-  over the weights for all rows, batch-invariant), where it builds on this machine. It reads a packed
-  copy of the weight, made on its first call and kept while the weight lives: the linears the
+  over the weights for all rows, batch-invariant), where it builds on this machine. It reads a
+  packed copy of the weight, made on its first call and kept while the weight lives: the linears the
   plan gives it hold their weights twice (SmolLM2: +0.54 GB in fp32, +0.27 GB in bf16).
 
 So the choice is measured where the decoder runs: the first call on a CPU weight of a given shape

@@ -13,9 +13,10 @@ each panel with every row of x from registers.
 
 Built on first use with torch's C++ extension loader (ninja and a C++ compiler; ~1 min), for the
 processor it runs on (`-march=native`: AVX-512 or AVX2 tiles; bfloat16 pairs multiplied by
-AVX512-BF16's dot product where the processor has it, else widened to float32), in `$DRAFTERS_CACHE/kernels/`
-under a name keyed by the source, torch version and processor, so a replaced machine builds
-its own. `available()` says whether it built here (and why not); nothing falls back silently.
+AVX512-BF16's dot product where the processor has it, else widened to float32), in
+`$DRAFTERS_CACHE/kernels/` under a name keyed by the source, torch version and processor, so a
+replaced machine builds its own. `available()` says whether it built here (and why not); nothing
+falls back silently.
 The decoders use it where it measures fastest (`drafters.decoding.linears`).
 """
 
