@@ -366,6 +366,8 @@ def tune_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-snap", dest="snap", action="store_false",
                    help="keep --sizes (default: each moved below a cost step)")  # fmt: skip
     p.add_argument("--topk", type=int, default=10)
+    p.add_argument("--no-dynamic", dest="dynamic", action="store_false",
+                   help="leave the dynamic trees out of the sweep")  # fmt: skip
     p.add_argument("--prompts", type=int, default=4, help="ShareGPT validation prompts")
     p.add_argument("--max-prompt-tokens", type=int, default=384)
     p.add_argument("--max-new-tokens", type=int, default=96)

@@ -45,7 +45,7 @@ import random
 import sys
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -191,8 +191,9 @@ def ar_method(target) -> Method:
     return Method("ar", "ar", generate)
 
 
-def drafter_method(target, drafter, gate: str | None, name: str, tree=None) -> Method:
-    """tree: None (the exported one) or a list of paths overriding it (e.g. tuning sweeps)."""
+def drafter_method(target, drafter, gate: str | None, name: str, tree=None, dynamic=None) -> Method:
+    """tree: None (the exported one) or a list of paths overriding it (e.g. tuning sweeps);
+    dynamic: the `DynamicConfig` of a budget or hybrid gate (None: its defaults)."""
     from drafters.speculate import BUDGET_GATES, cost_ratio, speculative_decode
 
     state: dict = {}
@@ -205,7 +206,9 @@ def drafter_method(target, drafter, gate: str | None, name: str, tree=None) -> M
             from drafters.decoding.cost import cost_profile
             from drafters.decoding.dynamic import DynamicConfig
 
-            cost_profile(target, DynamicConfig().max_nodes + 1)
+            cfg = dynamic or DynamicConfig()
+            if cfg.budget is None:  # a fixed budget reads no cost
+                cost_profile(target, cfg.max_nodes + 1)
             return {}
         state["cost_ratio"] = cost_ratio(target, drafter, ids.shape[1])
         return {"cost_ratio": state["cost_ratio"]}
@@ -213,7 +216,7 @@ def drafter_method(target, drafter, gate: str | None, name: str, tree=None) -> M
     def generate(ids: torch.Tensor, n: int) -> tuple[list[int], dict]:
         res = speculative_decode(
             target, drafter, ids, n, gate=gate or "none", tree=tree,
-            cost_ratio=state.get("cost_ratio"),
+            cost_ratio=state.get("cost_ratio"), dynamic=dynamic,
         )  # fmt: skip
         return res.output_ids.tolist(), _decode_stats(res, phase_k)
 
@@ -225,6 +228,8 @@ def drafter_method(target, drafter, gate: str | None, name: str, tree=None) -> M
         "tree_nodes": len(used) if hasattr(used, "__len__") else None,
         "num_params": drafter.config["weights"]["num_params"],
     }
+    if dynamic is not None:
+        info["dynamic"] = asdict(dynamic)
     return Method(name, drafter.kind, generate, info, before)
 
 

@@ -21,6 +21,11 @@ Per drafter:
    loop's (lossless), else the sweep stops.
 The fastest candidate is chosen: <out>/<name>.json holds the accuracies, the sweep and the choice;
 <out>/<name>.tree.json is the `drafters-export --tree` input that rebuilds the chosen tree.
+4. The dynamic tree in the same sweep (--no-dynamic: left out): `dynamic<n>` verifies the n best
+   candidates by the drafter's own confidence every step, for n = each static tree's node count,
+   so τ compares the two at equal verify cost; `budget` sizes the tree per step by the measured
+   step cost (`drafters-generate --gate budget`). <name>.json's `fastest` names the fastest
+   method of all; the export keeps a static tree.
 The gates need no tuning here: they speculate iff E[a] > c_tree / c_ar - 1 with the cost ratio
 measured on the running machine before each turn, and the entropy gate's E[a] table is fitted on
 the same held-out conversations at the end of training.
@@ -194,6 +199,8 @@ def sweep(target, prompts: list[dict], methods: list, max_new_tokens: int) -> di
         ids = torch.tensor([p["ids"]], device=target.device)
         ref = None
         for m in methods:
+            if m.before:  # untimed set-up (the budget gate's step-cost profile, measured once)
+                m.before(ids)
             t0 = sync_clock(target.device)
             out, info = m.generate(ids, max_new_tokens)
             seconds = sync_clock(target.device) - t0
@@ -236,22 +243,53 @@ def tune_drafter(args, target, folder: str, prompts: list[dict], batches: list[d
     trees = {name: build(drafter, spec) for name, spec in specs.items()}
     methods = [ar_method(target)]
     methods += [drafter_method(target, drafter, None, n, t.to_list()) for n, t in trees.items()]
-    stats = sweep(target, prompts, methods, args.max_new_tokens)
+    dynamic = dynamic_methods(target, drafter, [len(t) for t in trees.values()]) if args.dynamic \
+        else []  # fmt: skip
+    stats = sweep(target, prompts, methods + dynamic, args.max_new_tokens)
     best = max(trees, key=lambda n: stats[n]["tokens_per_s"])
     for name, t in trees.items():
         stats[name].update(nodes=len(t), depth=t.depth)
+    for m in dynamic:  # a fixed budget's node count; None: sized per step
+        stats[m.name].update(nodes=m.info.get("dynamic", {}).get("budget"))
+    fastest = max(stats, key=lambda n: stats[n]["tokens_per_s"] or 0.0)
     result = {"drafter": str(folder), "name": drafter.name, "kind": drafter.kind,
               "sizes": args.snapped_sizes, "topk_acc": acc, "heldout_positions": positions,
               "row_totals": totals,
               "sweep": stats,
-              "chosen": best, "chosen_tree": trees[best].to_list()}  # fmt: skip
+              "chosen": best, "chosen_tree": trees[best].to_list(),
+              "fastest": fastest}  # fmt: skip
     out = Path(args.out)
     (out / f"{drafter.name}.tree.json").write_text(json.dumps(specs[best]))
     (out / f"{drafter.name}.json").write_text(json.dumps(result, indent=1))
     print(f"[tune] {drafter.name}: chose {best} ({len(trees[best])} nodes, "
           f"{stats[best]['vs_ar']:.2f}x of the AR loop, tau {stats[best]['tau']:.2f})",
           file=sys.stderr)  # fmt: skip
+    for name, t in trees.items() if dynamic else ():
+        dyn = stats[f"dynamic{len(t)}"]
+        print(f"[tune] {drafter.name}: {len(t)} nodes a step, tau static {stats[name]['tau']:.2f}"
+              f" vs dynamic {dyn['tau']:.2f}; tokens/s {stats[name]['tokens_per_s']:.1f} vs "
+              f"{dyn['tokens_per_s']:.1f}", file=sys.stderr)  # fmt: skip
+    if fastest not in trees:
+        what = {"ar": "no tree pays", "budget": "`--gate budget`: the tree sized per step"}.get(
+            fastest, "a dynamic tree of a fixed size: DynamicConfig(budget=...)"
+        )
+        print(f"[tune] {drafter.name}: fastest overall {fastest} ({what}; "
+              f"{stats[fastest]['vs_ar']:.2f}x of the AR loop); the export keeps the fastest "
+              "static tree", file=sys.stderr)  # fmt: skip
     return result
+
+
+def dynamic_methods(target, drafter, sizes: list[int]) -> list:
+    """The dynamic tree (`--gate budget`, no n-gram candidates) at each static tree's node count
+    (`dynamic<n>`: the n best candidates by the drafter's own confidence every step, so τ
+    compares the two at equal verify cost), and sized per step by the measured cost (`budget`)."""
+    from drafters.decoding.dynamic import DynamicConfig
+    from drafters.eval.bench import drafter_method
+
+    top = max(DynamicConfig().max_nodes, *sizes)
+    fixed = [DynamicConfig(max_nodes=top, budget=n, ngram=0) for n in sorted(set(sizes))]
+    return [drafter_method(target, drafter, "budget", f"dynamic{c.budget}", dynamic=c)
+            for c in fixed] + [drafter_method(target, drafter, "budget", "budget")]  # fmt: skip
 
 
 def tune_peers(args, target, prompts: list[dict]) -> dict:
