@@ -38,7 +38,7 @@ def test_tune_chooses_a_tree_per_drafter(tmp_path, tiny_distilled, heldout_cache
         # the dynamic tree at each static tree's node count, and sized per step, in the same
         # (lossless-checked) sweep; the fastest of all named
         assert s["dynamic2"]["nodes"] == 2 and s["dynamic4"]["nodes"] == 4
-        assert s["budget"]["nodes"] is None and s["dynamic4"]["tau"] >= 1.0
+        assert s["budget"]["nodes"] is None
         assert s[res["fastest"]]["tokens_per_s"] == max(x["tokens_per_s"] for x in s.values())
         # the tree file rebuilds the chosen tree at export
         folder = export_checkpoint(tiny_checkpoints[kind], tmp_path / f"re_{kind}",
