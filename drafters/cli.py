@@ -159,11 +159,12 @@ alpha, tokens/s.
 
     drafters-generate --drafter outputs/cerberus_smollm2 --prompt "Why is the sky blue?"
     drafters-generate --drafter DIR --prompt "..." --gate none --tree chain4
+    drafters-generate --drafter DIR --prompt "..." --gate budget --nodes 3   # dynamic, 3 nodes
 
 The target defaults to the one the drafter was trained for (its exported identity): the embedded
 SmolLM2 for `HuggingFaceTB/SmolLM2-135M-Instruct`, else that name as an HF hub id or folder. The
 prompt is rendered with the target's chat template as one user turn. The answer is printed once
-decoding ends (the decoders have no streaming hook yet), then the statistics:
+decoding ends (with --stream: step by step, as tokens are accepted), then the statistics:
 tau = new tokens per target verification forward, bonus token included (plain AR: 1);
 alpha = accepted draft tokens / new tokens; tokens/s over prefill + decoding.
 """
@@ -171,8 +172,9 @@ alpha = accepted draft tokens / new tokens; tokens/s over prefill + decoding.
 
 def generate_main(argv: list[str] | None = None) -> int:
     from drafters.data.chat import render_prompt
+    from drafters.decoding.dynamic import DynamicConfig
     from drafters.export import load_drafter, read_config
-    from drafters.speculate import speculative_decode
+    from drafters.speculate import BUDGET_GATES, speculative_decode
     from drafters.target import load_target
 
     p = argparse.ArgumentParser(
@@ -209,6 +211,13 @@ def generate_main(argv: list[str] | None = None) -> int:
         "budget+entropy etc., the budget with the gate's prediction as input",
     )
     p.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="with a budget or hybrid gate: verify this many candidates every step (the tree"
+        " still shaped per step by confidence) instead of sizing it per step by cost",
+    )
+    p.add_argument(
         "--tree", default=None, help="override the exported tree: preset, chain<K>, JSON paths"
     )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -216,6 +225,9 @@ def generate_main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     p.add_argument("--stream", action="store_true", help="print tokens as they are accepted")
     args = p.parse_args(argv)
+    if args.nodes is not None and args.gate not in BUDGET_GATES:
+        p.error(f"--nodes sizes a dynamic tree: give --gate budget or hybrid (got {args.gate})")
+    dynamic = DynamicConfig.fixed(args.nodes) if args.nodes is not None else None
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -235,8 +247,9 @@ def generate_main(argv: list[str] | None = None) -> int:
             streamer.put(torch.tensor(tokens))
 
     res = speculative_decode(
-        target, drafter, input_ids, args.max_new_tokens, args.gate, tree, stream=stream
-    )
+        target, drafter, input_ids, args.max_new_tokens, args.gate, tree, stream=stream,
+        dynamic=dynamic,
+    )  # fmt: skip
     if streamer is not None:
         streamer.end()
     else:

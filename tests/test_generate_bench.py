@@ -52,7 +52,7 @@ def test_bench_on_the_tiny_target(tmp_path, tiny_exported, capsys):
         "--gates", "none", "default", "entropy",
         "--out", str(out),
     ]  # fmt: skip
-    own = {"medusa": "@none,budget", "falcon": "@none,hybrid"}  # their own gate lists
+    own = {"medusa": "@none,budget,dynamic3", "falcon": "@none,hybrid"}  # their own gate lists
     for k in kinds:
         argv += ["--drafter", str(tiny_exported[k]) + own.get(k, "")]
     assert bench_main(argv) == 0
@@ -64,7 +64,8 @@ def test_bench_on_the_tiny_target(tmp_path, tiny_exported, capsys):
     assert (out / "speedup_by_category.png").read_bytes()[:4] == b"\x89PNG"
     res = json.loads((out / "results.json").read_text())
     methods = ["hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit", "ngram", "medusa_tiny"]
-    methods += ["medusa_tiny+budget", "cerberus_tiny", "cerberus_tiny+learned"]
+    methods += ["medusa_tiny+budget", "medusa_tiny+dynamic3", "cerberus_tiny"]
+    methods += ["cerberus_tiny+learned"]
     methods += ["cerberus_tiny+entropy", "falcon_tiny", "falcon_tiny+hybrid"]
     assert list(res["methods"]) == methods
     assert res["settings"]["threads"] == 1 and res["settings"]["questions"] == 2
@@ -84,6 +85,8 @@ def test_bench_on_the_tiny_target(tmp_path, tiny_exported, capsys):
             if r["method"].startswith(("hf_", "ar")):
                 continue
             assert sum(t["nodes_hist"]) == t["verify_forwards"]
+            if r["method"] == "medusa_tiny+dynamic3":  # 3 nodes every step
+                assert t["nodes_hist"][3] == t["verify_forwards"] > 0
     assert len(res["records"]) == 2 * len(methods)
     rec = next(r for r in res["records"] if r["method"] == "cerberus_tiny+learned")
     assert len(rec["turns"]) == 2 and "cost_ratio" in rec["turns"][0]
@@ -251,6 +254,31 @@ def test_generate_with_a_budget_gate_equals_plain_greedy(tiny_exported, kind, ga
     assert out.returncode == 0 and f"gate {gate}" in out.stdout, out.stderr[-2000:]
 
 
+@pytest.mark.parametrize("kind, gate", [("falcon", "budget"), ("medusa", "hybrid")])
+def test_a_fixed_size_dynamic_tree_equals_plain_greedy(tiny_exported, kind, gate):
+    """`--nodes N`: the dynamic tree verifies N candidates every step."""
+    from drafters.decoding import decode_ar
+    from drafters.decoding.dynamic import DynamicConfig
+    from drafters.export import load_drafter
+    from drafters.speculate import speculative_decode
+    from drafters.testing import tiny_target
+
+    target = tiny_target(seed=0)
+    drafter = load_drafter(tiny_exported[kind], target)
+    ids = target.tokenizer("Tell me about topic number 5.", return_tensors="pt").input_ids
+    res = speculative_decode(target, drafter, ids, 24, gate=gate, dynamic=DynamicConfig.fixed(4))
+    assert torch.equal(res.sequences, decode_ar(target, ids, 24).sequences)
+    assert set(res.step_nodes) == {4}
+    cmd = [sys.executable, "-m", "drafters.cli", "generate", "--drafter", str(tiny_exported[kind]),
+           "--prompt", "Hi", "--max-new-tokens", "8", "--threads", "1", "--gate", gate,
+           "--nodes", "4"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0 and f"gate {gate}" in out.stdout, out.stderr[-2000:]
+    wrong = subprocess.run(cmd[:-4] + ["--gate", "none", "--nodes", "4"], capture_output=True,
+                           text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    assert wrong.returncode != 0 and "--nodes sizes a dynamic tree" in wrong.stderr
+
+
 def test_a_budget_gate_input_the_drafter_lacks_is_refused(tiny_exported):
     from drafters.export import load_drafter
     from drafters.speculate import speculative_decode
@@ -284,3 +312,17 @@ def test_bench_in_bf16_reports_agreement_not_lossless(tmp_path, tiny_exported):
     assert all((t["first_divergence"] is None) == t["lossless"] for t in turns)
     table = (out / "results.md").read_text()
     assert "same as hf_greedy (bfloat16)" in table and "| lossless |" not in table
+
+
+def test_drafter_specs_name_fixed_size_dynamic_trees():
+    from drafters.eval.bench import fixed_size_gate, split_drafter_spec
+
+    assert split_drafter_spec("d/x@none,dynamic3,hybrid12") == (
+        "d/x",
+        ["none", "dynamic3", "hybrid12"],
+    )
+    gate, cfg = fixed_size_gate("hybrid12")
+    assert gate == "hybrid" and cfg.budget == 12 and cfg.max_nodes == 16
+    assert fixed_size_gate("dynamic20")[1].max_nodes == 20 and fixed_size_gate("budget") is None
+    with pytest.raises(ValueError, match="unknown gate 'dynamic'.*dynamic<n>"):
+        split_drafter_spec("d/x@dynamic")

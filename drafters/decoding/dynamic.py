@@ -80,6 +80,14 @@ class DynamicConfig:
         if not 0.0 < self.ngram_prior <= 1.0:
             raise ValueError(f"ngram_prior {self.ngram_prior} must be in (0, 1]")
 
+    @classmethod
+    def fixed(cls, nodes: int) -> DynamicConfig:
+        """The `nodes` best candidates verified every step (`drafters-generate --nodes`, the
+        bench's `dynamic<n>` and `hybrid<n>`): the tree is shaped per step, its size is not."""
+        if nodes < 0:
+            raise ValueError(f"a fixed dynamic tree needs nodes >= 0, got {nodes}")
+        return cls(max_nodes=max(cls.max_nodes, nodes), budget=nodes)
+
 
 def _expand_best_first(
     tree: CandidateTree, probs: torch.Tensor, ids: torch.Tensor, source: str, limit: int,

@@ -16,9 +16,9 @@ cache), ar (the in-house AR loop), hf_prompt_lookup (`prompt_lookup_num_tokens`)
 (`assistant_early_exit`), ngram (n-gram candidates through the in-house verifier, sized per step
 by cost), and per `--drafter FOLDER` the method `<folder>` (no gate) and `<folder>+<gate>` for
 each gate asked for with `--gates` (entropy, learned: head drafters; budget, hybrid: a dynamic
-tree sized per step, with n-gram candidates for hybrid, every drafter), or with
-`--drafter FOLDER@none,entropy` for that drafter alone. Every turn records how many draft nodes
-each step verified (`nodes_hist`).
+tree sized per step, with n-gram candidates for hybrid, every drafter; dynamic<n>, hybrid<n>:
+the same trees at n nodes every step), or with `--drafter FOLDER@none,entropy` for that drafter
+alone. Every turn records how many draft nodes each step verified (`nodes_hist`).
 
 Reported per method and category (and "all"): tau (new tokens per target verification forward,
 bonus included, pooled over all turns; "-" for HF methods, whose forwards are not counted),
@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -60,6 +61,7 @@ MT_BENCH_CATEGORIES = (
 BUILTIN_METHODS = ("hf_greedy", "ar", "hf_prompt_lookup", "hf_early_exit", "ngram")
 GATE_CHOICES = ("none", "default", "entropy", "learned", "budget", "hybrid", "budget+entropy",
                 "budget+learned", "hybrid+entropy", "hybrid+learned")  # fmt: skip
+FIXED_SIZE = re.compile(r"(dynamic|hybrid)(\d+)")  # a dynamic tree of n nodes a step
 # MT-Bench and Spec-Bench, shipped inside the package (prompts/README.md: sources, licences)
 EVAL_DIR = Path(__file__).resolve().parent / "prompts"
 
@@ -253,15 +255,28 @@ def _decode_stats(res, phase_k: int | None = None) -> dict:
     return s
 
 
+def fixed_size_gate(name: str):
+    """ "dynamic<n>" / "hybrid<n>": the dynamic tree (without / with n-gram candidates) verifying
+    its n best candidates every step, as (gate, DynamicConfig); None for any other name."""
+    m = FIXED_SIZE.fullmatch(name)
+    if m is None:
+        return None
+    from drafters.decoding.dynamic import DynamicConfig
+
+    return ("budget" if m[1] == "dynamic" else "hybrid"), DynamicConfig.fixed(int(m[2]))
+
+
 def split_drafter_spec(spec: str) -> tuple[str, list[str] | None]:
-    """ "FOLDER" or "FOLDER@GATE[,GATE..]" (that drafter's own --gates list)."""
+    """ "FOLDER" or "FOLDER@GATE[,GATE..]" (that drafter's own --gates list; besides
+    GATE_CHOICES, dynamic<n> and hybrid<n> for a dynamic tree of n nodes a step)."""
     folder, sep, gates = spec.rpartition("@")
     if not sep:
         return spec, None
     names = gates.split(",")
-    bad = [g for g in names if g not in GATE_CHOICES]
+    bad = [g for g in names if g not in GATE_CHOICES and not FIXED_SIZE.fullmatch(g)]
     if bad:
-        raise ValueError(f"--drafter {spec!r}: unknown gate {bad[0]!r}; use {GATE_CHOICES}")
+        raise ValueError(f"--drafter {spec!r}: unknown gate {bad[0]!r}; use one of "
+                         f"{GATE_CHOICES}, dynamic<n> or hybrid<n> (n nodes a step)")  # fmt: skip
     return folder, names
 
 
@@ -295,7 +310,7 @@ def build_methods(args, target) -> list[Method]:
         gates: list[str | None] = []
         for g in own_gates or args.gates:
             g = (drafter.config["gate"]["default"] if g == "default" else g) or "none"
-            budget = g in ("budget", "hybrid")  # dynamic trees, every drafter kind
+            budget = g in ("budget", "hybrid") or fixed_size_gate(g) is not None  # any kind
             own = g.partition("+")[2] if "+" in g else g  # the drafter's gate it needs, if any
             if (
                 g != "none"
@@ -307,7 +322,8 @@ def build_methods(args, target) -> list[Method]:
         for g in dict.fromkeys(gates):
             name = base if g is None else f"{base}+{g}"
             taken.add(name)
-            methods.append(drafter_method(target, drafter, g, name))
+            gate, dynamic = fixed_size_gate(g or "") or (g, None)
+            methods.append(drafter_method(target, drafter, gate, name, dynamic=dynamic))
     if not methods:
         raise ValueError("no method to run: give --methods and/or --drafter")
     return methods

@@ -271,7 +271,9 @@ def tune_drafter(args, target, folder: str, prompts: list[dict], batches: list[d
               f"{dyn['tokens_per_s']:.1f}", file=sys.stderr)  # fmt: skip
     if fastest not in trees:
         what = {"ar": "no tree pays", "budget": "`--gate budget`: the tree sized per step"}.get(
-            fastest, "a dynamic tree of a fixed size: DynamicConfig(budget=...)"
+            fastest,
+            "a dynamic tree of a fixed size: `drafters-generate --gate budget --nodes N`,"
+            " `drafters-bench --drafter DIR@dynamicN`",
         )
         print(f"[tune] {drafter.name}: fastest overall {fastest} ({what}; "
               f"{stats[fastest]['vs_ar']:.2f}x of the AR loop); the export keeps the fastest "
@@ -286,8 +288,7 @@ def dynamic_methods(target, drafter, sizes: list[int]) -> list:
     from drafters.decoding.dynamic import DynamicConfig
     from drafters.eval.bench import drafter_method
 
-    top = max(DynamicConfig().max_nodes, *sizes)
-    fixed = [DynamicConfig(max_nodes=top, budget=n, ngram=0) for n in sorted(set(sizes))]
+    fixed = [DynamicConfig.fixed(n) for n in sorted(set(sizes))]
     return [drafter_method(target, drafter, "budget", f"dynamic{c.budget}", dynamic=c)
             for c in fixed] + [drafter_method(target, drafter, "budget", "budget")]  # fmt: skip
 
