@@ -37,7 +37,9 @@
 # EPOCHS, MAX_STEPS, TOKENS (answer tokens trained on: all, the default, or N for the nested
 # subset data_scaling.py's run at N also trains on; a finished run with the same training config
 # is reused, not retrained), TABLES (which benchmark tables, default all three), OUT
-# (outputs/results), ZOO (zoo/smollm2_135m).
+# (outputs/results), ZOO (zoo/smollm2_135m), SHIP_BENCH (the bench run ship picks from, default
+# the fp32 MT-Bench table; any finished drafters-bench run, e.g. a smaller one while the
+# reference tables are still running).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,6 +52,7 @@ EPOCHS=${EPOCHS:-10}
 MAX_STEPS=${MAX_STEPS:-2000}
 TOKENS=${TOKENS:-all}  # answer tokens trained on: all (the whole corpus) or N (a nested subset)
 OUT=${OUT:-outputs/results}
+SHIP_BENCH=${SHIP_BENCH:-$OUT/bench/mt_bench}  # the finished bench run ship picks from
 ZOO=${ZOO:-zoo/smollm2_135m}
 LOG=$OUT/logs
 mkdir -p "$LOG"
@@ -228,7 +231,7 @@ stage_bench() {  # one run per table, BENCH_LANES shards; resumes from the recor
   done
 }
 
-ship_cmd() { echo "$PY -m drafters.eval.zoo ship --bench $OUT/bench/mt_bench --out $ZOO --made-by $OUT/made_by.json"; }
+ship_cmd() { echo "$PY -m drafters.eval.zoo ship --bench $SHIP_BENCH --out $ZOO --made-by $OUT/made_by.json"; }
 
 stage_ship() {  # the best of each kind on the fp32 MT-Bench table, with how each was made
   local spec name exp extra
