@@ -5,8 +5,8 @@ and the in-block assignment, at one training-token budget, each trained to conve
     python benchmarks/falcon_ablation.py --runs decode_k2 decode_k2_reversed --tokens all
 
 Runs (`RUNS`; --runs picks some): tf_k{k} (`drafter.csgd.teacher_forcing_only=true`),
-paper_k{k} (`drafter.csgd.variant=paper`), decode_k{k} (the default), decode_k{k}_reversed
-(`drafter.model.assignment=reversed`), for k = 2, 3. Every run is
+paper_k{k} (`drafter.csgd.variant=paper`), decode_k{k} (the default), decode_k{k}_reversed and
+tf_k{k}_reversed (`drafter.model.assignment=reversed`), for k = 2, 3. Every run is
 `python train.py +experiment=falcon_smollm2` on the same nested subset of at most --tokens
 answer tokens, under the experiment's one budget rule (up to 10 epochs and 2,000 steps, early
 stopping and best.ckpt on val/accept_len_est); extra overrides go to every run alike. Then, per run:
@@ -49,6 +49,7 @@ for _k in (2, 3):
     RUNS[f"paper_k{_k}"] = [*_base, "drafter.csgd.variant=paper"]
     RUNS[f"decode_k{_k}"] = [*_base, "drafter.csgd.variant=decode"]
     RUNS[f"decode_k{_k}_reversed"] = [*_base, "drafter.model.assignment=reversed"]
+    RUNS[f"tf_k{_k}_reversed"] = [*RUNS[f"tf_k{_k}"], "drafter.model.assignment=reversed"]
 
 
 def main() -> None:
