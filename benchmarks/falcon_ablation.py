@@ -6,7 +6,9 @@ and the in-block assignment, at one training-token budget, each trained to conve
 
 Runs (`RUNS`; --runs picks some): tf_k{k} (`drafter.csgd.teacher_forcing_only=true`),
 paper_k{k} (`drafter.csgd.variant=paper`), decode_k{k} (the default), decode_k{k}_reversed and
-tf_k{k}_reversed (`drafter.model.assignment=reversed`), for k = 2, 3. Every run is
+tf_k{k}_reversed (`drafter.model.assignment=reversed`), decode_k{k}_w05 (the own-block loss at
+half the teacher-forced loss's weight, `drafter.csgd.own_pass_weight=0.5`), for k = 2, 3. Extra
+overrides do not rename a run: give a changed recipe its own entry in RUNS. Every run is
 `python train.py +experiment=falcon_smollm2` on the same nested subset of at most --tokens
 answer tokens, under the experiment's one budget rule (up to 10 epochs and 2,000 steps, early
 stopping and best.ckpt on val/accept_len_est); extra overrides go to every run alike. Then, per run:
@@ -50,6 +52,7 @@ for _k in (2, 3):
     RUNS[f"decode_k{_k}"] = [*_base, "drafter.csgd.variant=decode"]
     RUNS[f"decode_k{_k}_reversed"] = [*_base, "drafter.model.assignment=reversed"]
     RUNS[f"tf_k{_k}_reversed"] = [*RUNS[f"tf_k{_k}"], "drafter.model.assignment=reversed"]
+    RUNS[f"decode_k{_k}_w05"] = [*_base, "drafter.csgd.own_pass_weight=0.5"]
 
 
 def main() -> None:

@@ -23,6 +23,9 @@ NOT_TRAINING = (
     "run_name", "run_dir", "paths", "ckpt_path", "logger",
     "trainer.log_every_n_steps", "trainer.enable_progress_bar",
 )  # fmt: skip
+# keys added to the training config after runs were saved without them, with the value the code
+# used before the key existed: a saved run lacking one trained with that value
+ADDED_SINCE = {("drafter", "csgd", "own_pass_weight"): 1.0}
 
 
 def training_config(experiment: str, overrides: list[str]) -> dict:
@@ -50,7 +53,14 @@ def _saved_config(run_dir: Path) -> dict | None:
         return None
     from omegaconf import OmegaConf
 
-    return _training_part(OmegaConf.to_container(OmegaConf.load(saved), resolve=False))
+    cfg = OmegaConf.to_container(OmegaConf.load(saved), resolve=False)
+    for (*parents, key), value in ADDED_SINCE.items():
+        node = cfg
+        for name in parents:
+            node = node.get(name) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.setdefault(key, value)
+    return _training_part(cfg)
 
 
 def _differences(a, b, prefix: str = "") -> list[str]:

@@ -320,3 +320,20 @@ def test_decode_variant_loss_does_not_depend_on_logging_the_metrics():
                            generator=torch.Generator().manual_seed(0))  # fmt: skip
     torch.testing.assert_close(on, off)
     assert "acc_depth6" in m_on and not any(k.startswith("acc") for k in m_off)
+
+
+def test_own_pass_weight_scales_the_own_block_losses():
+    """decode loss = teacher-forced loss + w * own-block losses; w = 0 is teacher forcing's."""
+    k = 2
+    drafter, b = _drafter(k=k), _batch([16, 12], 16)
+    tf, _ = csgd_step(drafter, **b, k=k, lam=0.4, teacher_forcing_only=True)
+    kw = dict(k=k, lam=0.4, variant="decode", passes=3)
+    full, m = csgd_step(drafter, **b, **kw, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(full, tf + m["loss_pass2"] + m["loss_pass3"])
+    half, m = csgd_step(drafter, **b, **kw, own_pass_weight=0.5,
+                        generator=torch.Generator().manual_seed(0))  # fmt: skip
+    torch.testing.assert_close(half, tf + 0.5 * (m["loss_pass2"] + m["loss_pass3"]))
+    zero, m = csgd_step(drafter, **b, **kw, own_pass_weight=0.0,
+                        generator=torch.Generator().manual_seed(0))  # fmt: skip
+    torch.testing.assert_close(zero, tf)
+    assert "acc_depth6" in m  # the own-block passes are still measured

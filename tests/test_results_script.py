@@ -159,3 +159,23 @@ def test_at_a_token_budget_the_runs_are_the_scaling_and_ablation_runs(tmp_path):
     other = subprocess.run([*args, exp, *argv, "optim.lr=0.5"], cwd=ROOT,
                            capture_output=True, text=True)  # fmt: skip
     assert other.returncode == 0 and other.stdout == ""
+    # a run saved before a training key existed matches the key's old value, and only that
+    falcon = tmp_path / "logs" / "train" / "scaling_falcon_1000000"
+    (falcon / "drafter").mkdir(parents=True)
+    (falcon / "drafter" / "config.json").write_text("{}")
+    (falcon / ".hydra").mkdir()
+    cfg = compose_config("train", ["+experiment=falcon_smollm2", f"paths.log_dir={logs}", *scaling])
+    OmegaConf.set_struct(cfg, False)
+    for (*parents, key), old in heldout.ADDED_SINCE.items():
+        node = cfg
+        for name in parents:
+            node = node[name]
+        assert node[key] == old  # the default keeps what the old runs trained with
+        del node[key]
+    OmegaConf.save(cfg, falcon / ".hydra" / "config.yaml")
+    exp, argv = train["falcon_k2"]
+    found = subprocess.run([*args, exp, *argv], cwd=ROOT, capture_output=True, text=True)
+    assert found.returncode == 0 and found.stdout.strip() == str(falcon), found.stderr
+    other = subprocess.run([*args, exp, *argv, "drafter.csgd.own_pass_weight=0.5"], cwd=ROOT,
+                           capture_output=True, text=True)  # fmt: skip
+    assert other.returncode == 0 and other.stdout == "", other.stdout

@@ -5,7 +5,7 @@ drafter's own predicted (feature, token) pairs. CSGD trains on such inputs, in t
 
 variant="decode" (default): trained the way it is decoded (`own_blocks.py`).
   loss = teacher-forced loss (pass 1, true inputs, with gradient)
-       + sum over passes c = 2 .. `passes` of the pass-c loss,
+       + own_pass_weight * sum over passes c = 2 .. `passes` of the pass-c loss,
   where pass c is one forward over a copy of the sequence on the drafter's KV cache: the
   drafter's own pairs only in the block being predicted and its ancestor blocks, attending to
   the true keys of every earlier position, as EAGLE-3's training-time test and HASS do. The
@@ -158,6 +158,7 @@ def csgd_step(
     accuracy: bool = True,
     variant: str = "decode",
     passes: int = 2,
+    own_pass_weight: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One Falcon training loss on a batch: features (B, T, d) true f, input_ids,
     attention_mask, loss_mask (B, T). `noise`: half-width of the uniform noise added to true
@@ -165,7 +166,9 @@ def csgd_step(
     draft vocabulary) its V_d rows, and pass 1's argmax is mapped back to target ids.
     accuracy=False: no accuracy metrics (pass 1's argmax is still taken: pass 2 reads it).
     variant: "decode" or "paper" (module docstring); passes: drafter passes trained by the
-    decode variant (2 = the teacher-forced pass and one own-block pass).
+    decode variant (2 = the teacher-forced pass and one own-block pass); own_pass_weight: the
+    weight of each own-block pass's loss against the teacher-forced one (0: teacher forcing's
+    loss, with the own-block passes measured only).
     Returns (loss, metrics) with the keys of
     `falcon_loss` (decode: of the teacher-forced pass; paper: of pass 2, acc_pos{p} from the
     teacher-forced pass) plus acc_pass2[_pos{p}] (pass-2 positions whose input is the
@@ -193,6 +196,7 @@ def csgd_step(
         return _decode_step(
             drafter, x1, nxt, features, input_ids, attention_mask, loss_mask, embed, lm_head,
             k, lam, passes, loss_on_glanced, generator, target_logits, pos, common,
+            own_pass_weight,
         )  # fmt: skip
 
     with torch.no_grad():  # pass 1
@@ -227,7 +231,7 @@ def csgd_step(
 
 def _decode_step(
     drafter, x1, nxt, features, input_ids, attention_mask, loss_mask, embed, lm_head,
-    k, lam, passes, loss_on_glanced, generator, target_logits, pos, common,
+    k, lam, passes, loss_on_glanced, generator, target_logits, pos, common, own_pass_weight,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
     """variant="decode" (module docstring): the teacher-forced pass, then own-block passes."""
     if getattr(drafter.cfg, "fusion", "linear") != "linear":
@@ -262,7 +266,7 @@ def _decode_step(
             pred, features, lm_head, target_logits, input_ids, loss_mask, k,
             include=included, metric_mask=own, tag=f"_pass{c}", return_drafts=drafted, **common,
         )  # fmt: skip
-        loss = loss + loss_c
+        loss = loss + own_pass_weight * loss_c
         m[f"loss_pass{c}"] = loss_c.detach().float().mean()
         m.update({name: v for name, v in m_c.items() if name.startswith(f"acc_pass{c}")})
         if drafted:

@@ -183,6 +183,7 @@ class DrafterLitModule(L.LightningModule):
                 accuracy=accuracy,
                 variant=c.get("variant", "decode") if train else self.measured_variant(),
                 passes=int(c.get("passes", 2)),
+                own_pass_weight=float(c.get("own_pass_weight", 1.0)),
             )
             m["csgd_lambda"] = torch.tensor(lam)
             return loss, m, f
