@@ -322,7 +322,9 @@ def test_drafter_specs_name_fixed_size_dynamic_trees():
         ["none", "dynamic3", "hybrid12"],
     )
     gate, cfg = fixed_size_gate("hybrid12")
-    assert gate == "hybrid" and cfg.budget == 12 and cfg.max_nodes == 16
+    assert gate == "hybrid" and cfg.budget == 12 and cfg.max_nodes == 16 and cfg.ngram > 0
+    gate, cfg = fixed_size_gate("dynamic3")  # recorded as decoded: no n-gram candidates
+    assert gate == "budget" and cfg.budget == 3 and cfg.ngram == 0
     assert fixed_size_gate("dynamic20")[1].max_nodes == 20 and fixed_size_gate("budget") is None
     with pytest.raises(ValueError, match="unknown gate 'dynamic'.*dynamic<n>"):
         split_drafter_spec("d/x@dynamic")

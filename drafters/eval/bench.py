@@ -46,7 +46,7 @@ import re
 import sys
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -257,13 +257,15 @@ def _decode_stats(res, phase_k: int | None = None) -> dict:
 
 def fixed_size_gate(name: str):
     """ "dynamic<n>" / "hybrid<n>": the dynamic tree (without / with n-gram candidates) verifying
-    its n best candidates every step, as (gate, DynamicConfig); None for any other name."""
+    its n best candidates every step, as (gate, DynamicConfig), the config as decoded (so the
+    records say ngram 0 for dynamic<n>); None for any other name."""
     m = FIXED_SIZE.fullmatch(name)
     if m is None:
         return None
     from drafters.decoding.dynamic import DynamicConfig
 
-    return ("budget" if m[1] == "dynamic" else "hybrid"), DynamicConfig.fixed(int(m[2]))
+    cfg = DynamicConfig.fixed(int(m[2]))
+    return ("budget", replace(cfg, ngram=0)) if m[1] == "dynamic" else ("hybrid", cfg)
 
 
 def split_drafter_spec(spec: str) -> tuple[str, list[str] | None]:
@@ -310,7 +312,7 @@ def build_methods(args, target) -> list[Method]:
         gates: list[str | None] = []
         for g in own_gates or args.gates:
             g = (drafter.config["gate"]["default"] if g == "default" else g) or "none"
-            budget = g in ("budget", "hybrid") or fixed_size_gate(g) is not None  # any kind
+            budget = g in ("budget", "hybrid") or FIXED_SIZE.fullmatch(g)  # dynamic trees, any kind
             own = g.partition("+")[2] if "+" in g else g  # the drafter's gate it needs, if any
             if (
                 g != "none"

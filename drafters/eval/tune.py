@@ -285,12 +285,13 @@ def dynamic_methods(target, drafter, sizes: list[int]) -> list:
     """The dynamic tree (`--gate budget`, no n-gram candidates) at each static tree's node count
     (`dynamic<n>`: the n best candidates by the drafter's own confidence every step, so τ
     compares the two at equal verify cost), and sized per step by the measured cost (`budget`)."""
-    from drafters.decoding.dynamic import DynamicConfig
-    from drafters.eval.bench import drafter_method
+    from drafters.eval.bench import drafter_method, fixed_size_gate
 
-    fixed = [DynamicConfig.fixed(n) for n in sorted(set(sizes))]
-    return [drafter_method(target, drafter, "budget", f"dynamic{c.budget}", dynamic=c)
-            for c in fixed] + [drafter_method(target, drafter, "budget", "budget")]  # fmt: skip
+    methods = []
+    for n in sorted(set(sizes)):  # the bench's dynamic<n>, the same config
+        gate, cfg = fixed_size_gate(f"dynamic{n}")
+        methods.append(drafter_method(target, drafter, gate, f"dynamic{n}", dynamic=cfg))
+    return [*methods, drafter_method(target, drafter, "budget", "budget")]
 
 
 def tune_peers(args, target, prompts: list[dict]) -> dict:
