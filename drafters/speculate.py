@@ -31,6 +31,13 @@ BUDGET_GATES = ("budget", "hybrid", "budget+entropy", "budget+learned", "hybrid+
                 "hybrid+learned")  # fmt: skip
 
 
+def dynamic_config(gate: str, dynamic: DynamicConfig | None) -> DynamicConfig:
+    """The dynamic tree's options as a budget gate decodes with them: `dynamic` (None: the
+    defaults), without n-gram candidates unless the gate is a hybrid one."""
+    cfg = dynamic or DynamicConfig()
+    return replace(cfg, ngram=0) if gate.partition("+")[0] == "budget" else cfg
+
+
 def has_gate(drafter: LoadedDrafter, gate: Any) -> bool:
     if gate in BUDGET_GATES:
         return True
@@ -81,12 +88,11 @@ def speculative_decode(
     `transformers.TextStreamer`'s put, as `drafters-generate --stream` does).
     """
     if gate in BUDGET_GATES:
-        base, _, source = gate.partition("+")
+        source = gate.partition("+")[2]
         if source and drafter.kind not in HEAD_KINDS:
             raise ValueError(f"a {drafter.kind} drafter has no gate (asked for {gate!r})")
         g = drafter.get_gate(source) if source else None
-        cfg = dynamic or DynamicConfig()
-        cfg = replace(cfg, ngram=0) if base == "budget" else cfg
+        cfg = dynamic_config(gate, dynamic)
         return decode_dynamic(target, drafter.model, input_ids, max_new_tokens, cfg,
                               stream=stream, gate=g)  # fmt: skip
     if drafter.kind in HEAD_KINDS:

@@ -87,6 +87,8 @@ def test_bench_on_the_tiny_target(tmp_path, tiny_exported, capsys):
             assert sum(t["nodes_hist"]) == t["verify_forwards"]
             if r["method"] == "medusa_tiny+dynamic3":  # 3 nodes every step
                 assert t["nodes_hist"][3] == t["verify_forwards"] > 0
+    # recorded as decoded: the budget gate's dynamic3 has no n-gram candidates
+    assert res["methods"]["medusa_tiny+dynamic3"]["dynamic"]["ngram"] == 0
     assert len(res["records"]) == 2 * len(methods)
     rec = next(r for r in res["records"] if r["method"] == "cerberus_tiny+learned")
     assert len(rec["turns"]) == 2 and "cost_ratio" in rec["turns"][0]
@@ -316,6 +318,7 @@ def test_bench_in_bf16_reports_agreement_not_lossless(tmp_path, tiny_exported):
 
 def test_drafter_specs_name_fixed_size_dynamic_trees():
     from drafters.eval.bench import fixed_size_gate, split_drafter_spec
+    from drafters.speculate import dynamic_config
 
     assert split_drafter_spec("d/x@none,dynamic3,hybrid12") == (
         "d/x",
@@ -323,8 +326,12 @@ def test_drafter_specs_name_fixed_size_dynamic_trees():
     )
     gate, cfg = fixed_size_gate("hybrid12")
     assert gate == "hybrid" and cfg.budget == 12 and cfg.max_nodes == 16 and cfg.ngram > 0
-    gate, cfg = fixed_size_gate("dynamic3")  # recorded as decoded: no n-gram candidates
-    assert gate == "budget" and cfg.budget == 3 and cfg.ngram == 0
+    gate, cfg = fixed_size_gate("dynamic3")
+    assert gate == "budget" and cfg.budget == 3
+    # decoded (and recorded) as the budget gate decodes: no n-gram candidates unless hybrid
+    assert dynamic_config(gate, cfg).ngram == 0 and dynamic_config(gate, cfg).budget == 3
+    assert dynamic_config("hybrid+learned", cfg).ngram == cfg.ngram > 0
+    assert dynamic_config("budget+entropy", None).ngram == 0
     assert fixed_size_gate("dynamic20")[1].max_nodes == 20 and fixed_size_gate("budget") is None
     with pytest.raises(ValueError, match="unknown gate 'dynamic'.*dynamic<n>"):
         split_drafter_spec("d/x@dynamic")

@@ -46,7 +46,7 @@ import re
 import sys
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -196,7 +196,7 @@ def ar_method(target) -> Method:
 def drafter_method(target, drafter, gate: str | None, name: str, tree=None, dynamic=None) -> Method:
     """tree: None (the exported one) or a list of paths overriding it (e.g. tuning sweeps);
     dynamic: the `DynamicConfig` of a budget or hybrid gate (None: its defaults)."""
-    from drafters.speculate import BUDGET_GATES, cost_ratio, speculative_decode
+    from drafters.speculate import BUDGET_GATES, cost_ratio, dynamic_config, speculative_decode
 
     state: dict = {}
     phase_k = drafter.model.cfg.k if drafter.kind == "falcon" else None  # tau by N mod k
@@ -206,9 +206,8 @@ def drafter_method(target, drafter, gate: str | None, name: str, tree=None, dyna
             return {}
         if gate in BUDGET_GATES:  # the step cost profile, measured once per run, untimed
             from drafters.decoding.cost import cost_profile
-            from drafters.decoding.dynamic import DynamicConfig
 
-            cfg = dynamic or DynamicConfig()
+            cfg = dynamic_config(gate, dynamic)
             if cfg.budget is None:  # a fixed budget reads no cost
                 cost_profile(target, cfg.max_nodes + 1)
             return {}
@@ -230,8 +229,8 @@ def drafter_method(target, drafter, gate: str | None, name: str, tree=None, dyna
         "tree_nodes": len(used) if hasattr(used, "__len__") else None,
         "num_params": drafter.config["weights"]["num_params"],
     }
-    if dynamic is not None:
-        info["dynamic"] = asdict(dynamic)
+    if dynamic is not None:  # as decoded (dynamic<n>: no n-gram candidates)
+        info["dynamic"] = asdict(dynamic_config(gate, dynamic))
     return Method(name, drafter.kind, generate, info, before)
 
 
@@ -257,15 +256,13 @@ def _decode_stats(res, phase_k: int | None = None) -> dict:
 
 def fixed_size_gate(name: str):
     """ "dynamic<n>" / "hybrid<n>": the dynamic tree (without / with n-gram candidates) verifying
-    its n best candidates every step, as (gate, DynamicConfig), the config as decoded (so the
-    records say ngram 0 for dynamic<n>); None for any other name."""
+    its n best candidates every step, as (gate, DynamicConfig); None for any other name."""
     m = FIXED_SIZE.fullmatch(name)
     if m is None:
         return None
     from drafters.decoding.dynamic import DynamicConfig
 
-    cfg = DynamicConfig.fixed(int(m[2]))
-    return ("budget", replace(cfg, ngram=0)) if m[1] == "dynamic" else ("hybrid", cfg)
+    return ("budget" if m[1] == "dynamic" else "hybrid"), DynamicConfig.fixed(int(m[2]))
 
 
 def split_drafter_spec(spec: str) -> tuple[str, list[str] | None]:
@@ -312,7 +309,8 @@ def build_methods(args, target) -> list[Method]:
         gates: list[str | None] = []
         for g in own_gates or args.gates:
             g = (drafter.config["gate"]["default"] if g == "default" else g) or "none"
-            budget = g in ("budget", "hybrid") or FIXED_SIZE.fullmatch(g)  # dynamic trees, any kind
+            # dynamic trees, any kind
+            budget = g in ("budget", "hybrid") or FIXED_SIZE.fullmatch(g) is not None
             own = g.partition("+")[2] if "+" in g else g  # the drafter's gate it needs, if any
             if (
                 g != "none"
