@@ -133,7 +133,7 @@ def export_vllm_main(args) -> int:
     from pathlib import Path
 
     from drafters.export import export_checkpoint, read_config
-    from drafters.export.vllm import export_vllm, vllm_method
+    from drafters.export.vllm import SOURCE_FILE, export_vllm
 
     source = Path(args.checkpoint)
     with tempfile.TemporaryDirectory() as tmp:
@@ -145,9 +145,10 @@ def export_vllm_main(args) -> int:
         )
     config = json.loads((out / "config.json").read_text())
     n = config.get("num_heads", "N")
+    method = json.loads((out / SOURCE_FILE).read_text())["vllm_method"]
     print(
         f"exported {kind} drafter for vLLM to {out}: LLM(model=<target>, speculative_config="
-        f'{{"method": "{vllm_method(kind)}", "model": "{out}", "num_speculative_tokens": {n}}})'
+        f'{{"method": "{method}", "model": "{out}", "num_speculative_tokens": {n}}})'
     )
     return 0
 

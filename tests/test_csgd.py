@@ -123,7 +123,7 @@ def _batch(lengths, T, seed=0):
 @pytest.mark.parametrize(
     "tf, fusion, variant",
     [(True, "linear", "decode"), (True, "lstm", "decode"), (False, "linear", "decode")]
-    + [(False, "linear", "paper"), (False, "lstm", "paper")],
+    + [(False, "linear", "paper"), (False, "lstm", "paper"), (False, "eagle3", "decode")],
 )
 def test_batch_of_1_equals_batch_of_4_per_sequence(tf, fusion, variant):
     lengths, T = [13, 8, 16, 6], 16

@@ -125,7 +125,7 @@ def test_lossless_against_hf_greedy(k, fusion, tree):
                 assert res.verify_forwards == res.tree_steps and res.ar_steps == 0
 
 
-@pytest.mark.parametrize("k, fusion", [(1, "lstm"), (3, "linear")])
+@pytest.mark.parametrize("k, fusion", [(1, "lstm"), (3, "linear"), (1, "eagle3"), (2, "eagle3")])
 def test_lossless_other_k_fusion_pairs(k, fusion):
     target = make_target("seed0")
     for mode in ("random", "mixed"):

@@ -55,6 +55,7 @@ def export(tmp_path, d, target, **kw):
             "kind=cerberus",
         ),
         (lambda t: ("falcon", falcon(t, k=2)), r"model.k=2"),
+        (lambda t: ("falcon", falcon(t, k=2, fusion="eagle3")), r"model.k=2"),
         (lambda t: ("falcon", falcon(t, fusion="lstm")), r"model.fusion='lstm'"),
         (lambda t: ("falcon", falcon(t, fusion_bias=True)), r"model.fusion_bias=true"),
         (lambda t: ("falcon", falcon(t, first_input_norm=True)), r"model.first_input_norm=true"),
@@ -168,3 +169,76 @@ def test_eagle_tensors_compute_our_falcon_k1(tmp_path, smollm2):
             x = x[0] if isinstance(x, tuple) else x
         ours = d.model(f, tokens, t.embed_tokens)
     torch.testing.assert_close(x, ours, rtol=1e-4, atol=1e-4)
+
+
+def test_eagle3_tensors_compute_our_falcon_k1_with_its_draft_vocabulary(tmp_path, smollm2):
+    """Our k=1 Falcon with fusion=eagle3 == vLLM's Eagle3LlamaForCausalLM read from the export
+    (the plain format, use_aux_hidden_state false, norm_before_residual false, norm_output
+    true): layer 0's q/k/v over [input_layernorm(embedding) ; hidden_norm(feature)], residual
+    from the raw feature; a Llama layer; the final norm; lm_head of the draft vocabulary's rows,
+    scattered to target ids by d2t (target id = draft id + d2t)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import (
+        LlamaDecoderLayer,
+        LlamaRotaryEmbedding,
+        apply_rotary_pos_emb,
+    )
+
+    t = smollm2
+    model = falcon(t, fusion="eagle3", draft_vocab_size=256)
+    ids = torch.randperm(t.vocab_size)[:256].sort().values
+    model.vocab.set_ids(ids)
+    d = loaded("falcon", model, t)
+    out = export(tmp_path, d, t)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["draft_vocab_size"] == 256 and config["vocab_size"] == t.vocab_size
+    assert config["eagle_config"] == {"use_aux_hidden_state": False}
+    assert config["norm_output"] is True and config["norm_before_residual"] is False
+    source = json.loads((out / "drafters_source.json").read_text())
+    assert source["vllm_method"] == "eagle3"
+    w = load_file(str(out / "model.safetensors"))
+    assert "fc.weight" not in w and "embed_tokens.weight" not in w
+    assert w["d2t"].dtype == torch.int64 and torch.equal(w["d2t"] + torch.arange(256), ids)
+
+    hf = LlamaConfig(**{k: v for k, v in config.items() if k in LlamaConfig().to_dict()})
+    hf._attn_implementation = "eager"
+    T, H, Hkv, hd = 7, hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim
+
+    def rms(x, weight):
+        return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + hf.rms_norm_eps)
+
+    f = torch.randn(1, T, t.hidden_size)
+    tokens = torch.randint(t.vocab_size, (1, T))
+    pos = torch.arange(T).unsqueeze(0)
+    mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+    with torch.no_grad():
+        e = t.embed_tokens(tokens)
+        p = "layers.0."
+        u = torch.cat([rms(e, w[p + "input_layernorm.weight"]),
+                       rms(f, w[p + "hidden_norm.weight"])], dim=-1)  # fmt: skip
+        q = F.linear(u, w[p + "self_attn.q_proj.weight"]).view(1, T, H, hd).transpose(1, 2)
+        k = F.linear(u, w[p + "self_attn.k_proj.weight"]).view(1, T, Hkv, hd).transpose(1, 2)
+        v = F.linear(u, w[p + "self_attn.v_proj.weight"]).view(1, T, Hkv, hd).transpose(1, 2)
+        cos, sin = LlamaRotaryEmbedding(hf)(f, pos)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = f + F.linear(a.transpose(1, 2).reshape(1, T, -1), w[p + "self_attn.o_proj.weight"])
+        m = rms(x, w[p + "post_attention_layernorm.weight"])
+        x = x + F.linear(
+            F.silu(F.linear(m, w[p + "mlp.gate_proj.weight"]))
+            * F.linear(m, w[p + "mlp.up_proj.weight"]),
+            w[p + "mlp.down_proj.weight"],
+        )
+        layer = LlamaDecoderLayer(hf, 1).eval()
+        layer.load_state_dict({k.removeprefix("layers.1."): v for k, v in w.items()
+                               if k.startswith("layers.1.")}, strict=True)  # fmt: skip
+        x = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=(cos, sin))
+        x = rms(x[0] if isinstance(x, tuple) else x, w["norm.weight"])
+        vllm_logits = torch.full((1, T, t.vocab_size), float("-inf"))
+        vllm_logits[..., w["d2t"] + torch.arange(256)] = F.linear(x, w["lm_head.weight"])
+        ours = d.model(f, tokens, t.embed_tokens)
+        our_logits = d.model.scoring_head(t.lm_head)(ours)
+    torch.testing.assert_close(x, ours, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(vllm_logits.argmax(-1), ids[our_logits.argmax(-1)])

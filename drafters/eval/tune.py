@@ -99,7 +99,7 @@ def falcon_depth_counts(model, target, batch: dict, topk: int):
     pos, nxt = default_position_ids(attn, ids), shift_left(ids, 1)
     valid, labels = falcon_valid(lmask, k), shift_left(ids, k + 1)
     head = model.scoring_head(target.lm_head)
-    decode = model.cfg.fusion == "linear"
+    decode = model.cfg.fusion != "lstm"
     cache = model.new_cache() if decode else None
     pred = model(f, nxt, embed, attn, pos, cache=cache)
     ranks, drafts = _ranks_at(pred, valid, labels, head, model.vocab, topk)

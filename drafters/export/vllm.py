@@ -22,16 +22,27 @@ What vLLM (0.32) can express, read from its `transformers_utils/configs/medusa.p
   (shared by vLLM, so not written). Our k = 1 with `fusion_bias=false, first_input_norm=false`
   (conf/experiment/falcon_k1_smollm2.yaml) is exactly that; vLLM drafts a chain of
   `num_speculative_tokens` by feeding the drafter its own outputs, as our Falcon decoder does.
+- Falcon with k = 1 and `fusion: eagle3` -> an EAGLE-3 Llama drafter (`method: eagle3`,
+  `llama_eagle3.py`, its plain format): layer 0's q/k/v read [input_layernorm(embedding) ;
+  hidden_norm(feature)], its residual starts at the raw feature (`norm_before_residual: false`),
+  later layers are Llama layers, a final `norm`, and its own `lm_head` of `draft_vocab_size`
+  rows with `d2t` (target id = draft id + d2t[draft id]): the draft vocabulary is served, so a
+  drafting step costs its rows, not the target's 49,152. `eagle_config.use_aux_hidden_state:
+  false`: the drafter reads the target's last (post-norm) hidden state, as we train it, not
+  EAGLE-3's three fused layers; `norm_output: true`: each later step reads the drafter's
+  normalised output, which is what our drafter outputs and the decoder feeds back.
 - vllm speculators' config format does not apply: vLLM 0.32 reads it for EAGLE-3, P-EAGLE and
-  DFlash drafters only, whose drafters read several target layers (we train on the last one).
+  DFlash drafters with several target layers fused (we train on the last one); the plain
+  EAGLE-3 config above says the same with `use_aux_hidden_state: false`.
 
 Not expressible, refused naming the field: Cerberus (its heads read each other's hidden state;
 no engine links heads), Falcon k >= 2 (the block-causal mask: the k tokens of a pass attend to
 each other, and an engine would need to run k draft positions per pass under that mask), the
 LSTM fusion, a fusion bias or a layer-0 input norm (EAGLE's layout has neither), and a draft
-vocabulary (vLLM's EAGLE-1 drafter has none, and its Medusa one does not load): `full_vocab=True`
-exports the drafter scoring every target token with the target's head, which can change what it
-proposes from what was measured with the draft vocabulary (a trainable head of V_d rows cannot).
+vocabulary outside the eagle3 layout (vLLM's EAGLE-1 drafter has none, and its Medusa one does
+not load): `full_vocab=True` exports the drafter scoring every target token with the target's
+head, which can change what it proposes from what was measured with the draft vocabulary (a
+trainable head of V_d rows cannot).
 """
 
 from __future__ import annotations
@@ -50,9 +61,11 @@ WEIGHTS_FILE = "model.safetensors"
 SOURCE_FILE = "drafters_source.json"  # where the folder came from (ours, not read by vLLM)
 
 
-def vllm_method(kind: str) -> str:
-    """The `speculative_config["method"]` that loads an export of this drafter kind."""
-    return {"medusa": "medusa", "falcon": "eagle"}[kind]
+def vllm_method(loaded: LoadedDrafter) -> str:
+    """The `speculative_config["method"]` that loads this drafter's export."""
+    if loaded.kind == "falcon":
+        return "eagle3" if loaded.model.cfg.fusion == "eagle3" else "eagle"
+    return {"medusa": "medusa"}[loaded.kind]
 
 
 def _refuse(folder, field: str, why: str) -> ExportError:
@@ -106,8 +119,14 @@ def check_falcon(loaded: LoadedDrafter, full_vocab: bool) -> None:
             "the block-causal mask, which no engine runs. Train k=1 "
             "(python train.py +experiment=falcon_k1_smollm2)",
         )
+    if cfg.fusion == "eagle3":
+        return  # every setting maps (the draft vocabulary too: d2t)
     if cfg.fusion != "linear":
-        raise _refuse(where, f"model.fusion={cfg.fusion!r}:", "EAGLE's fusion is a Linear layer")
+        raise _refuse(
+            where,
+            f"model.fusion={cfg.fusion!r}:",
+            "EAGLE's fusion is a Linear layer and EAGLE-3 has none (fusion=linear or eagle3)",
+        )
     if cfg.fusion_bias:
         raise _refuse(
             where,
@@ -162,10 +181,41 @@ def falcon_tensors(loaded: LoadedDrafter) -> dict:
     return out
 
 
-def falcon_config(loaded: LoadedDrafter, target_config: dict) -> dict:
-    """A Llama config for vLLM's EagleLlamaForCausalLM (vLLM wraps it: method "eagle")."""
+def eagle3_tensors(loaded: LoadedDrafter, lm_head_weight: torch.Tensor, full_vocab: bool) -> dict:
+    """vLLM's EAGLE-3 names: our layers keep theirs (layer 0's q/k/v already read [embedding ;
+    feature] columns in vLLM's order), `norm`, and the head: the target's rows of the draft
+    vocabulary with `d2t` (draft id + d2t = target id), or every row (no d2t)."""
+    m = loaded.model
+    out = {f"layers.{k}": v for k, v in m.layers.state_dict().items()}
+    out["norm.weight"] = m.norm.weight
+    if m.vocab is None or full_vocab:
+        out["lm_head.weight"] = lm_head_weight
+    else:
+        ids = m.vocab.ids.long()
+        out["lm_head.weight"] = lm_head_weight[ids]
+        out["d2t"] = ids - torch.arange(len(ids))
+    return out
+
+
+def falcon_config(loaded: LoadedDrafter, target_config: dict, full_vocab: bool = False) -> dict:
+    """A Llama config for vLLM's EagleLlamaForCausalLM (vLLM wraps it: method "eagle"), or
+    with fusion eagle3 for its Eagle3LlamaForCausalLM (method "eagle3")."""
     cfg = loaded.model.cfg
     max_pos = int(target_config.get("max_position_embeddings") or 4096)
+    if cfg.fusion == "eagle3":
+        vocab = cfg.vocab_size if full_vocab else (cfg.draft_vocab_size or cfg.vocab_size)
+        return _llama_config(cfg, max_pos) | {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "draft_vocab_size": vocab,
+            "target_hidden_size": cfg.hidden_size,
+            "eagle_config": {"use_aux_hidden_state": False},
+            "norm_before_residual": False,
+            "norm_output": True,
+        }
+    return _llama_config(cfg, max_pos)
+
+
+def _llama_config(cfg, max_pos: int) -> dict:
     return {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],
@@ -215,9 +265,11 @@ def export_vllm(
             "its heads read each other's hidden state (head i after head i-1), which no "
             "engine's Medusa implementation has; export a Medusa drafter instead",
         )
+    eagle3 = loaded.kind == "falcon" and loaded.model.cfg.fusion == "eagle3"
     needs_target = (
-        loaded.kind == "medusa" and loaded.model.lm_head is None and target_lm_head is None
-    ) or (loaded.kind == "falcon" and target_config is None)
+        (loaded.kind == "medusa" and loaded.model.lm_head is None) or eagle3
+    ) and target_lm_head is None
+    needs_target |= loaded.kind == "falcon" and target_config is None
     if loaded.kind == "falcon":
         check_falcon(loaded, full_vocab)
     else:
@@ -233,17 +285,23 @@ def export_vllm(
         target_config = target.model.config.to_dict()
     if loaded.kind == "medusa":
         config, tensors = medusa_config(loaded), medusa_tensors(loaded, target_lm_head)
+    elif eagle3:
+        config = falcon_config(loaded, target_config, full_vocab)
+        tensors = eagle3_tensors(loaded, target_lm_head, full_vocab)
     else:
         config, tensors = falcon_config(loaded, target_config), falcon_tensors(loaded)
 
     torch_dtype = DTYPES[dtype or loaded.config.get("weights", {}).get("dtype", "float32")]
     config["torch_dtype"] = str(torch_dtype).removeprefix("torch.")
-    state = {k: v.detach().to("cpu", torch_dtype).contiguous().clone() for k, v in tensors.items()}
+    state = {
+        k: v.detach().to("cpu", v.dtype if k == "d2t" else torch_dtype).contiguous().clone()
+        for k, v in tensors.items()
+    }
     source = {
         "drafter": str(loaded.folder) if loaded.folder else None,
         "kind": loaded.kind,
         "target": loaded.target_identity,
-        "vllm_method": vllm_method(loaded.kind),
+        "vllm_method": vllm_method(loaded),
         "num_speculative_tokens": (loaded.model.cfg.num_heads if loaded.kind == "medusa" else None),
         "full_vocab": bool(full_vocab and loaded.model.cfg.draft_vocab_size),
     }

@@ -234,10 +234,11 @@ def _decode_step(
     k, lam, passes, loss_on_glanced, generator, target_logits, pos, common, own_pass_weight,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
     """variant="decode" (module docstring): the teacher-forced pass, then own-block passes."""
-    if getattr(drafter.cfg, "fusion", "linear") != "linear":
+    if getattr(drafter.cfg, "fusion", "linear") == "lstm":
         raise ValueError(
-            "csgd.variant=decode needs drafter.model.fusion=linear (an LSTM fusion would need its "
-            "recurrent state at every block); use csgd.variant=paper with fusion=lstm"
+            "csgd.variant=decode needs drafter.model.fusion=linear or eagle3 (an LSTM fusion "
+            "would need its recurrent state at every block); use csgd.variant=paper with "
+            "fusion=lstm"
         )
     if passes < 2:
         raise ValueError(f"csgd.passes={passes}: the decode variant trains at least 2 passes")

@@ -2,9 +2,12 @@
 
 Position j reads the pair (f_j, emb(t_{j+1})), fuses it 2d -> d (Linear as EAGLE, or an LSTM
 with a real recurrence over T), runs two Llama decoder layers under the relaxed mask and outputs
-a feature (no final norm). Position j is trained to output f_{j+k}; the caller's frozen LM head
-turns it into the distribution of t_{j+k+1}. So the block (f1,t2),(f2,t3) predicts (f3,f4) and
-(t4,t5).
+a feature (no final norm). `fusion="eagle3"` is EAGLE-3's layout instead: no fusion layer, the
+first decoder layer's attention reads [norm(emb) ; norm(f)] and its residual starts at f
+(`llama.Eagle3FirstLayer`), and a final RMSNorm closes the stack; vLLM serves it, draft
+vocabulary included (drafters/export/vllm.py). Position j is trained to output f_{j+k}; the
+caller's frozen LM head turns it into the distribution of t_{j+k+1}. So the block (f1,t2),
+(f2,t3) predicts (f3,f4) and (t4,t5).
 
 Relaxed (block-causal) mask, k = 2, blocks aligned at absolute position 0 (1 = may attend):
 
@@ -40,7 +43,13 @@ import torch
 from torch import nn
 
 from drafters.models.kv_cache import FalconKVCache
-from drafters.models.llama import DecoderLayer, layer_num_params, rope_cos_sin
+from drafters.models.llama import (
+    DecoderLayer,
+    Eagle3FirstLayer,
+    RMSNorm,
+    layer_num_params,
+    rope_cos_sin,
+)
 from drafters.models.vocab import DraftVocab, output_head
 
 __all__ = [
@@ -50,6 +59,9 @@ __all__ = [
     "block_causal_mask",
     "reverse_in_blocks",
 ]
+
+
+FUSIONS = ("linear", "lstm", "eagle3")
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,9 @@ class FalconConfig:
     intermediate_size: int | None = None  # None: 8d/3 rounded up to a multiple of 256
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
-    fusion: str = "linear"  # "linear" (EAGLE) or "lstm" (paper's figure, batch_first)
+    # "linear" (EAGLE), "lstm" (paper's figure, batch_first) or "eagle3" (EAGLE-3's first layer
+    # and final norm, no fusion layer; fusion_bias and first_input_norm do not apply)
+    fusion: str = "linear"
     draft_vocab_size: int | None = None  # V_d: score only these target ids (models/vocab.py)
     assignment: str = "paper"  # in-block slot -> offset: "paper" (q -> q+1) or "reversed"
     # EAGLE's layout (and so vLLM's EAGLE drafter, drafters/export/vllm.py) has no bias in the
@@ -73,8 +87,8 @@ class FalconConfig:
     first_input_norm: bool = True  # layer 0 normalises its input (EAGLE: false)
 
     def __post_init__(self):
-        if self.fusion not in ("linear", "lstm"):
-            raise ValueError(f"fusion must be 'linear' or 'lstm', not {self.fusion!r}")
+        if self.fusion not in FUSIONS:
+            raise ValueError(f"fusion must be one of {FUSIONS}, not {self.fusion!r}")
         if self.assignment not in ("paper", "reversed"):
             raise ValueError(f"assignment must be 'paper' or 'reversed', not {self.assignment!r}")
         if self.k < 1:
@@ -114,19 +128,17 @@ class FalconConfig:
         """fusion + L * layer, with
         fusion = 2d^2 + d (Linear 2d -> d with bias; 2d^2 without) or 12d^2 + 8d (LSTM 2d -> d,
         two biases); layer = d*hd*(2H + 2H_kv) + 3*d*I + 2d (q,k,v,o; SwiGLU; two RMSNorms; d
-        less for layer 0 without its input norm)."""
-        d = self.hidden_size
+        less for layer 0 without its input norm). eagle3: no fusion; layer 0's q, k, v read 2d
+        (+ d*hd*(H + 2H_kv)) and it has a third norm (+ d), and a final norm (+ d)."""
+        d, hd = self.hidden_size, self.head_dim
+        heads, kv = self.num_attention_heads, self.num_key_value_heads
+        layer = layer_num_params(d, heads, kv, hd, self.intermediate_size)
+        if self.fusion == "eagle3":
+            return self.num_layers * layer + d * hd * (heads + 2 * kv) + 2 * d
         if self.fusion == "linear":
             fusion = 2 * d * d + (d if self.fusion_bias else 0)
         else:
             fusion = 12 * d * d + 8 * d
-        layer = layer_num_params(
-            d,
-            self.num_attention_heads,
-            self.num_key_value_heads,
-            self.head_dim,
-            self.intermediate_size,
-        )
         return fusion + self.num_layers * layer - (0 if self.first_input_norm else d)
 
 
@@ -176,22 +188,22 @@ class FalconDrafter(nn.Module):
         d = cfg.hidden_size
         size = cfg.draft_vocab_size
         self.vocab = DraftVocab(cfg.vocab_size, size) if size else None
+        shape = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        shape += (cfg.intermediate_size, cfg.rms_norm_eps)
+        eagle3 = cfg.fusion == "eagle3"
         if cfg.fusion == "linear":
             self.fusion = nn.Linear(2 * d, d, bias=cfg.fusion_bias)
-        else:
+        elif cfg.fusion == "lstm":
             self.fusion = nn.LSTM(2 * d, d, batch_first=True)
+        else:
+            self.fusion = None  # layer 0 reads both inputs
         self.layers = nn.ModuleList(
-            DecoderLayer(
-                d,
-                cfg.num_attention_heads,
-                cfg.num_key_value_heads,
-                cfg.head_dim,
-                cfg.intermediate_size,
-                cfg.rms_norm_eps,
-                input_norm=cfg.first_input_norm or i > 0,
-            )
+            Eagle3FirstLayer(d, *shape)
+            if eagle3 and i == 0
+            else DecoderLayer(d, *shape, input_norm=eagle3 or cfg.first_input_norm or i > 0)
             for i in range(cfg.num_layers)
         )
+        self.norm = RMSNorm(d, cfg.rms_norm_eps) if eagle3 else None
 
     def scoring_head(self, lm_head: nn.Linear) -> nn.Linear:
         """The head that turns output features into draft logits: the target's `lm_head`, or
@@ -228,9 +240,10 @@ class FalconDrafter(nn.Module):
         """
         B, T, _ = features.shape
         past = cache.length if cache is not None else 0
-        dtype = next(self.fusion.parameters()).dtype
+        dtype = self.layers[0].post_attention_layernorm.weight.dtype
         x = torch.cat([features, embed(next_tokens).to(features.dtype)], dim=-1).to(dtype)
-        x = self._fuse(x, attention_mask, cache, tree=attn_bias is not None)  # (B, T, d)
+        if self.fusion is not None:
+            x = self._fuse(x, attention_mask, cache, tree=attn_bias is not None)  # (B, T, d)
         if position_ids is None:
             position_ids = _position_ids(attention_mask, B, T, past, x.device)
         if attn_bias is None:
@@ -240,6 +253,8 @@ class FalconDrafter(nn.Module):
         cos, sin = rope_cos_sin(position_ids, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, i)
+        if self.norm is not None:
+            x = self.norm(x)
         if self.cfg.assignment == "reversed" and self.k > 1:
             if slots is None:
                 slots = position_ids % self.k if attn_bias is None else None

@@ -44,14 +44,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        input_size: int | None = None,
+    ):
+        """input_size: width of what q, k and v read (default hidden_size; EAGLE-3's first
+        layer reads 2 * hidden_size); o_proj always writes hidden_size."""
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} is not a multiple of {num_kv_heads=}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False)
+        n_in = input_size or hidden_size
+        self.q_proj = nn.Linear(n_in, num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(n_in, num_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(n_in, num_kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
 
     def forward(
@@ -118,6 +128,30 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, mask, cache=None, layer_idx: int = 0) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer_idx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Eagle3FirstLayer(DecoderLayer):
+    """EAGLE-3's first drafter layer, as vLLM runs it (`llama_eagle3.py`, plain format with
+    `norm_before_residual: false`): no fusion Linear; the attention reads both inputs, each
+    normalised, and the residual stream starts at the raw feature.
+
+        a = norm_in(emb(t_{j+1})),  b = norm_hidden(f_j)
+        x = f_j + Attn(q, k, v over [a ; b])        (2d wide, embedding first)
+        x = x + MLP(norm_post(x))
+
+    forward takes (B, T, 2d) = [f ; emb] (the Falcon drafter's input order). Same arguments as
+    `DecoderLayer` (its input norm is the embedding's)."""
+
+    def __init__(self, hidden_size, num_heads, num_kv_heads, head_dim, *args, **kw):
+        super().__init__(hidden_size, num_heads, num_kv_heads, head_dim, *args, **kw)
+        self.hidden_norm = RMSNorm(hidden_size, self.post_attention_layernorm.eps)
+        self.self_attn = Attention(hidden_size, num_heads, num_kv_heads, head_dim, 2 * hidden_size)
+
+    def forward(self, x, cos, sin, mask, cache=None, layer_idx: int = 0) -> torch.Tensor:
+        f, e = x.chunk(2, dim=-1)
+        u = torch.cat([self.input_layernorm(e), self.hidden_norm(f)], dim=-1)
+        x = f + self.self_attn(u, cos, sin, mask, cache, layer_idx)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

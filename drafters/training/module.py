@@ -217,9 +217,10 @@ class DrafterLitModule(L.LightningModule):
 
     def measured_variant(self) -> str:
         """The CSGD variant validation measures: decode-faithful passes (own blocks over true
-        context, `val/acc_depth{d}`) for every linear-fusion drafter whatever it trains with;
-        the paper's all-own pass 2 for LSTM fusion, which the decode variant cannot run."""
-        return "decode" if self.drafter.cfg.fusion == "linear" else "paper"
+        context, `val/acc_depth{d}`) for every drafter without a recurrent fusion whatever it
+        trains with; the paper's all-own pass 2 for LSTM fusion, which the decode variant cannot
+        run."""
+        return "paper" if self.drafter.cfg.fusion == "lstm" else "decode"
 
     @torch.no_grad()
     def target_entropy(self, batch: dict, f: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
