@@ -65,7 +65,7 @@ def vllm_method(loaded: LoadedDrafter) -> str:
     """The `speculative_config["method"]` that loads this drafter's export."""
     if loaded.kind == "falcon":
         return "eagle3" if loaded.model.cfg.fusion == "eagle3" else "eagle"
-    return {"medusa": "medusa"}[loaded.kind]
+    return loaded.kind  # medusa (Cerberus is refused before this is asked)
 
 
 def _refuse(folder, field: str, why: str) -> ExportError:
@@ -294,7 +294,10 @@ def export_vllm(
     torch_dtype = DTYPES[dtype or loaded.config.get("weights", {}).get("dtype", "float32")]
     config["torch_dtype"] = str(torch_dtype).removeprefix("torch.")
     state = {
-        k: v.detach().to("cpu", v.dtype if k == "d2t" else torch_dtype).contiguous().clone()
+        k: v.detach()
+        .to("cpu", torch_dtype if v.is_floating_point() else v.dtype)
+        .contiguous()
+        .clone()
         for k, v in tensors.items()
     }
     source = {
