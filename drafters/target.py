@@ -2,7 +2,10 @@
 
 Every drafter reads the target's last hidden state *after* the final norm (`f_j`, the LM head's
 input) and shares the target's frozen embedding and LM head. `Target` is the one place that
-holds them; drafters receive the tensors as arguments and never keep a copy.
+holds them; drafters receive the tensors as arguments and never keep a copy. A Falcon drafter in
+EAGLE-3's layout with `aux_layers` also reads the hidden states entering some decoder layers
+(EAGLE-3's low/mid/high features): it gets them *wide*, `[f ; h_a ; h_b ; ...]` along the last
+dimension (`with_aux`), and the LM head always reads the first d.
 """
 
 from __future__ import annotations
@@ -104,12 +107,14 @@ class Target:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         return_logits: bool = False,
+        aux_layers: tuple[int, ...] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Last hidden states after the final norm, and optionally the LM-head logits.
 
         input_ids, attention_mask: (B, T), left or right padded (mask 1 = real token).
         Returns f: (B, T, d) and logits: (B, T, V) or None. Position ids count real tokens
         only, so a left-padded row gets the same features as the same row unpadded.
+        aux_layers: f comes wide, (B, T, (1 + n) d) (`with_aux`).
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -119,9 +124,33 @@ class Target:
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=False,
+            output_hidden_states=bool(aux_layers),
         )
         f = out.last_hidden_state  # (B, T, d), post final norm
-        return f, (self.lm_head(f) if return_logits else None)
+        logits = self.lm_head(f) if return_logits else None
+        return (with_aux(out, aux_layers) if aux_layers else f), logits
+
+
+def check_aux_layers(aux_layers, num_layers: int, where: str) -> tuple[int, ...]:
+    """Aux layer ids as a tuple, each in 1 .. num_layers - 1 (the hidden state entering that
+    decoder layer; 0 would be the embedding, num_layers the unnormed output)."""
+    ids = tuple(int(i) for i in aux_layers)
+    bad = [i for i in ids if not 1 <= i < num_layers]
+    if bad:
+        raise ValueError(
+            f"{where}: aux layers {bad} are outside 1 .. {num_layers - 1} for a target with "
+            f"{num_layers} decoder layers (vLLM's EAGLE-3 default: 2, L // 2, L - 3)"
+        )
+    return ids
+
+
+def with_aux(out, aux_layers: tuple[int, ...]) -> torch.Tensor:
+    """[f ; h_a ; h_b ; ...] from an HF decoder output run with output_hidden_states: h_i is the
+    residual stream entering decoder layer i (`hidden_states[i]`), the hidden state vLLM's
+    EAGLE-3 path collects as its aux hidden state i."""
+    hs = out.hidden_states
+    check_aux_layers(aux_layers, len(hs) - 1, "target features (drafter.model.aux_layers)")
+    return torch.cat([out.last_hidden_state] + [hs[i] for i in aux_layers], dim=-1)
 
 
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:

@@ -124,6 +124,19 @@ def test_falcon_is_lossless(k, fusion, cfg):
                 _check(target, drafter, kind, prompt, n, cfg, CHEAP)
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_falcon_with_eagle3_fused_features_is_lossless(k):
+    """The dynamic decoder hands an EAGLE-3 drafter the wide features (the hidden state entering
+    layer 1 beside f) on every path: prefill, AR steps and verified trees."""
+    for kind, prompt in [("seed0", PROMPTS[0]), ("tied", PROMPTS[1])]:
+        target = make_target(kind)
+        for mode in ("random", "mixed"):
+            drafter = falcon(target, k, "eagle3", kind, prompt, mode=mode, aux_layers=(1,))
+            for cfg in (DynamicConfig(), DynamicConfig(budget=4)):
+                _check(target, drafter, kind, prompt, 37, cfg, CHEAP)
+            assert drafter.calls[0]["inputs"].shape[-1] == 2 * target.hidden_size
+
+
 @pytest.mark.parametrize("cost", [CHEAP, DEAR], ids=["cheap", "dear"])
 def test_ngram_only_is_lossless_and_pays_on_a_looping_target(cost):
     kind, prompt = "tied", PROMPTS[1]  # the tied target mostly repeats: its output loops

@@ -71,8 +71,10 @@ class ScriptedFalcon(FalconDrafter):
         return out
 
 
-def falcon(target, k, fusion="linear", kind=None, prompt=None, n=64, mode="random", seed=0):
-    cfg = FalconConfig.from_target_config(target.config, k=k, fusion=fusion)
+def falcon(target, k, fusion="linear", kind=None, prompt=None, n=64, mode="random", seed=0,
+           aux_layers=None):  # fmt: skip
+    cfg = FalconConfig.from_target_config(target.config, k=k, fusion=fusion,
+                                          aux_layers=aux_layers)  # fmt: skip
     if mode == "random":
         return ScriptedFalcon(cfg, seed=seed)
     sequence = reference(kind, prompt, n)[1][0]
@@ -133,6 +135,22 @@ def test_lossless_other_k_fusion_pairs(k, fusion):
         ids, ref = reference("seed0", PROMPTS[1], 37)
         res = decode_falcon(target, drafter, ids, 37, tree="kmask2_8layer_tree")
         assert torch.equal(res.sequences, ref), mode
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_lossless_with_eagle3_fused_features(k):
+    """EAGLE-3's aux features: the decoder asks the target for the hidden state entering layer
+    1 beside f, the drafter reads them wide on true positions (fc over the normed aux state)
+    and its own outputs in tree passes; output == plain greedy."""
+    target = make_target("seed0")
+    d = target.hidden_size
+    for mode in ("random", "mixed"):
+        drafter = falcon(target, k, "eagle3", "seed0", PROMPTS[1], mode=mode, aux_layers=(1,))
+        ids, ref = reference("seed0", PROMPTS[1], 37)
+        res = decode_falcon(target, drafter, ids, 37, tree="kmask2_8layer_tree")
+        assert torch.equal(res.sequences, ref), mode
+        widths = {c["kind"]: c["inputs"].shape[-1] for c in drafter.calls}
+        assert widths["chain"] == 2 * d and widths["tree"] == d, widths
 
 
 @pytest.mark.parametrize("k", [2, 3])

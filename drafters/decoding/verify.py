@@ -24,7 +24,8 @@ class Verification:
     path: torch.Tensor  # (a + 1,) accepted node indices, root (0) first; long, on the CPU
     accepted: list[int]  # the a accepted draft tokens (the tokens of path[1:])
     bonus: int  # the target's argmax after the last accepted node: the next root
-    features: torch.Tensor  # (1, a + 1, d) f at root + accepted nodes (post final norm)
+    features: torch.Tensor  # (1, a + 1, d) f at root + accepted nodes (post final norm; wide
+    # with aux_layers)
     logits: torch.Tensor  # (1, 1, V) target logits at the last accepted node (argmax = bonus)
 
 
@@ -40,9 +41,14 @@ def tree_attention_mask(
 
 
 def verify_tree(
-    target: Target, cache: DynamicCache, tokens: torch.Tensor, layout: TreeLayout
+    target: Target,
+    cache: DynamicCache,
+    tokens: torch.Tensor,
+    layout: TreeLayout,
+    aux_layers: tuple[int, ...] | None = None,
 ) -> Verification:
     """Verify node tokens (n,) (tokens[0] = root, the pending token not yet in the cache).
+    aux_layers: the features come wide (`drafters.target.with_aux`), for an EAGLE-3 drafter.
 
     Greedy acceptance: the deepest node whose path tokens all equal the target's argmax at their
     parents (first such node on ties). The cache keeps the prefix + root + accepted nodes only.
@@ -52,8 +58,8 @@ def verify_tree(
     layout = layout.to(device)
     mask = tree_attention_mask(layout, past_len, target.dtype, device)
     positions = (past_len + layout.depth)[None]  # (1, n)
-    f = target_forward(target, cache, tokens.view(1, -1).to(device), positions, mask)  # (1, n, d)
-    logits = project(target.lm_head, f)  # (1, n, V)
+    f = target_forward(target, cache, tokens.view(1, -1).to(device), positions, mask, aux_layers)
+    logits = project(target.lm_head, f[..., : target.hidden_size])  # (1, n, V)
 
     greedy = logits[0].argmax(-1)  # (n,) the target's next token after each node
     match = tokens.to(device) == greedy[layout.parents.clamp(min=0)]  # node == argmax at parent

@@ -27,13 +27,16 @@ What vLLM (0.32) can express, read from its `transformers_utils/configs/medusa.p
   hidden_norm(feature)], its residual starts at the raw feature (`norm_before_residual: false`),
   later layers are Llama layers, a final `norm`, and its own `lm_head` of `draft_vocab_size`
   rows with `d2t` (target id = draft id + d2t[draft id]): the draft vocabulary is served, so a
-  drafting step costs its rows, not the target's 49,152. `eagle_config.use_aux_hidden_state:
-  false`: the drafter reads the target's last (post-norm) hidden state, as we train it, not
-  EAGLE-3's three fused layers; `norm_output: true`: each later step reads the drafter's
+  drafting step costs its rows, not the target's 49,152. Without `aux_layers`,
+  `eagle_config.use_aux_hidden_state: false`: the drafter reads the target's last (post-norm)
+  hidden state, as we train it. With them, EAGLE-3's fused features: `use_aux_hidden_state:
+  true`, `eagle_aux_hidden_state_layer_ids` (vLLM collects the residual stream entering those
+  target layers, as `drafters.target.with_aux`), `fc_norm: true` with `fc_norm.{i}` (an RMSNorm
+  per layer) and `fc` (n d -> d). `norm_output: true`: each later step reads the drafter's
   normalised output, which is what our drafter outputs and the decoder feeds back.
-- vllm speculators' config format does not apply: vLLM 0.32 reads it for EAGLE-3, P-EAGLE and
-  DFlash drafters with several target layers fused (we train on the last one); the plain
-  EAGLE-3 config above says the same with `use_aux_hidden_state: false`.
+- vllm speculators' config format: vLLM 0.32 reads it for EAGLE-3, P-EAGLE and DFlash drafters;
+  the plain EAGLE-3 config above carries the same fields (aux layer ids included), and
+  speculators' own has no per-layer norm before `fc`, so the plain one is written.
 
 Not expressible, refused naming the field: Cerberus (its heads read each other's hidden state;
 no engine links heads), Falcon k >= 2 (the block-causal mask: the k tokens of a pass attend to
@@ -188,6 +191,9 @@ def eagle3_tensors(loaded: LoadedDrafter, lm_head_weight: torch.Tensor, full_voc
     m = loaded.model
     out = {f"layers.{k}": v for k, v in m.layers.state_dict().items()}
     out["norm.weight"] = m.norm.weight
+    if m.fc is not None:  # EAGLE-3's fused features: a norm per aux layer, then fc
+        out["fc.weight"] = m.fc.weight
+        out |= {f"fc_norm.{k}": v for k, v in m.fc_norm.state_dict().items()}
     if m.vocab is None or full_vocab:
         out["lm_head.weight"] = lm_head_weight
     else:
@@ -204,15 +210,30 @@ def falcon_config(loaded: LoadedDrafter, target_config: dict, full_vocab: bool =
     max_pos = int(target_config.get("max_position_embeddings") or 4096)
     if cfg.fusion == "eagle3":
         vocab = cfg.vocab_size if full_vocab else (cfg.draft_vocab_size or cfg.vocab_size)
-        return _llama_config(cfg, max_pos) | {
-            "architectures": ["LlamaForCausalLMEagle3"],
-            "draft_vocab_size": vocab,
-            "target_hidden_size": cfg.hidden_size,
-            "eagle_config": {"use_aux_hidden_state": False},
-            "norm_before_residual": False,
-            "norm_output": True,
-        }
+        return (
+            _llama_config(cfg, max_pos)
+            | {
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "draft_vocab_size": vocab,
+                "target_hidden_size": cfg.hidden_size,
+                "norm_before_residual": False,
+                "norm_output": True,
+            }
+            | _aux_config(cfg)
+        )
     return _llama_config(cfg, max_pos)
+
+
+def _aux_config(cfg) -> dict:
+    if not cfg.aux_layers:
+        return {"eagle_config": {"use_aux_hidden_state": False}}
+    ids = list(cfg.aux_layers)
+    return {
+        "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": ids},
+        "eagle_aux_hidden_state_layer_ids": ids,
+        "num_aux_hidden_states": len(ids),
+        "fc_norm": True,
+    }
 
 
 def _llama_config(cfg, max_pos: int) -> dict:

@@ -160,7 +160,8 @@ def csgd_step(
     passes: int = 2,
     own_pass_weight: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One Falcon training loss on a batch: features (B, T, d) true f, input_ids,
+    """One Falcon training loss on a batch: features (B, T, d) true f (wide with the drafter's
+    aux_layers, `drafters.target.with_aux`), input_ids,
     attention_mask, loss_mask (B, T). `noise`: half-width of the uniform noise added to true
     input features (targets stay clean). lm_head: the drafter's scoring head; with `vocab` (the
     draft vocabulary) its V_d rows, and pass 1's argmax is mapped back to target ids.
@@ -178,7 +179,11 @@ def csgd_step(
         raise ValueError(f"csgd.variant={variant!r}: use one of {VARIANTS}")
     pos = default_position_ids(attention_mask, input_ids)  # same as the drafter's default
     nxt = shift_left(input_ids, 1)  # t_{j+1} at position j
-    x1 = add_feature_noise(features, noise, generator=generator)
+    # true inputs: f, or EAGLE-3's fused features from wide ones (FalconDrafter.inputs); the
+    # targets are always f
+    inputs = drafter.inputs(features) if hasattr(drafter, "inputs") else features
+    features = features[..., : inputs.shape[-1]]
+    x1 = add_feature_noise(inputs, noise, generator=generator)
     common = dict(position_ids=pos, per_sequence=per_sequence, vocab=vocab, accuracy=accuracy)
     valid = falcon_valid(loss_mask, k)
     n_valid = valid.sum().clamp(min=1)

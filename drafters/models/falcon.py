@@ -5,7 +5,10 @@ with a real recurrence over T), runs two Llama decoder layers under the relaxed 
 a feature (no final norm). `fusion="eagle3"` is EAGLE-3's layout instead: no fusion layer, the
 first decoder layer's attention reads [norm(emb) ; norm(f)] and its residual starts at f
 (`llama.Eagle3FirstLayer`), and a final RMSNorm closes the stack; vLLM serves it, draft
-vocabulary included (drafters/export/vllm.py). Position j is trained to output f_{j+k}; the
+vocabulary included (drafters/export/vllm.py). With `aux_layers` (eagle3 only) it also reads
+EAGLE-3's fused features: the target's hidden states entering those layers, each RMS-normed,
+concatenated and projected to d by `fc`, take f_j's place as the true input (`inputs`); the
+targets stay f. Position j is trained to output f_{j+k}; the
 caller's frozen LM head turns it into the distribution of t_{j+k+1}. So the block (f1,t2),
 (f2,t3) predicts (f3,f4) and (t4,t5).
 
@@ -85,6 +88,10 @@ class FalconConfig:
     # fusion and no input norm in layer 0: both false make a k=1 Falcon exportable there.
     fusion_bias: bool = True  # the linear fusion's bias (ignored by the LSTM fusion)
     first_input_norm: bool = True  # layer 0 normalises its input (EAGLE: false)
+    # eagle3 only: target layers whose input hidden states (pre-norm residual stream, as vLLM's
+    # aux hidden states) are fused into the true input feature, EAGLE-3's low/mid/high
+    # features; None: the last hidden state f itself
+    aux_layers: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.fusion not in FUSIONS:
@@ -93,6 +100,13 @@ class FalconConfig:
             raise ValueError(f"assignment must be 'paper' or 'reversed', not {self.assignment!r}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, not {self.k}")
+        if self.aux_layers is not None:
+            if self.fusion != "eagle3" or not self.aux_layers:
+                raise ValueError(
+                    f"aux_layers={self.aux_layers!r} needs fusion='eagle3' and at least one "
+                    f"layer (fusion={self.fusion!r}); set drafter.model.aux_layers=null otherwise"
+                )
+            object.__setattr__(self, "aux_layers", tuple(int(i) for i in self.aux_layers))
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.head_dim is None:
@@ -129,12 +143,14 @@ class FalconConfig:
         fusion = 2d^2 + d (Linear 2d -> d with bias; 2d^2 without) or 12d^2 + 8d (LSTM 2d -> d,
         two biases); layer = d*hd*(2H + 2H_kv) + 3*d*I + 2d (q,k,v,o; SwiGLU; two RMSNorms; d
         less for layer 0 without its input norm). eagle3: no fusion; layer 0's q, k, v read 2d
-        (+ d*hd*(H + 2H_kv)) and it has a third norm (+ d), and a final norm (+ d)."""
+        (+ d*hd*(H + 2H_kv)) and it has a third norm (+ d), and a final norm (+ d); with n
+        aux_layers, n norms and fc (n*d -> d, no bias): + n*d + n*d^2."""
         d, hd = self.hidden_size, self.head_dim
         heads, kv = self.num_attention_heads, self.num_key_value_heads
         layer = layer_num_params(d, heads, kv, hd, self.intermediate_size)
         if self.fusion == "eagle3":
-            return self.num_layers * layer + d * hd * (heads + 2 * kv) + 2 * d
+            n = len(self.aux_layers or ())
+            return self.num_layers * layer + d * hd * (heads + 2 * kv) + 2 * d + n * d * (d + 1)
         if self.fusion == "linear":
             fusion = 2 * d * d + (d if self.fusion_bias else 0)
         else:
@@ -204,6 +220,22 @@ class FalconDrafter(nn.Module):
             for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(d, cfg.rms_norm_eps) if eagle3 else None
+        n_aux = len(cfg.aux_layers or ())
+        self.fc_norm = nn.ModuleList(RMSNorm(d, cfg.rms_norm_eps) for _ in range(n_aux))
+        self.fc = nn.Linear(n_aux * d, d, bias=False) if n_aux else None
+
+    def inputs(self, features: torch.Tensor) -> torch.Tensor:
+        """The input feature stream (B, T, d). Without aux_layers: `features` as given. With
+        them, true positions come wide, [f ; h_a ; h_b ; ...] (B, T, (1 + n) d) as
+        `Target.features(aux_layers=...)` makes them, and become fc([norm_i(h_i)]); the
+        drafter's own outputs (width d) pass as they are."""
+        d = self.cfg.hidden_size
+        if self.fc is None or features.shape[-1] == d:
+            return features
+        aux = features[..., d:].to(self.fc.weight.dtype).chunk(len(self.fc_norm), dim=-1)
+        return self.fc(
+            torch.cat([norm(h) for norm, h in zip(self.fc_norm, aux, strict=True)], dim=-1)
+        )
 
     def scoring_head(self, lm_head: nn.Linear) -> nn.Linear:
         """The head that turns output features into draft logits: the target's `lm_head`, or
@@ -226,7 +258,8 @@ class FalconDrafter(nn.Module):
     ) -> torch.Tensor:
         """Predicted features (B, T, d): output j approximates f_{j+k}; logits = lm_head(out).
 
-        features (B, T, d): f_j at position j (true, or the drafter's own in later passes).
+        features (B, T, d): f_j at position j (true, or the drafter's own in later passes);
+            with aux_layers, true ones come wide (`inputs`).
         next_tokens (B, T): t_{j+1} at position j. embed: the target's frozen embedding.
         attention_mask (B, T): 1 = real token (left or right padding; LSTM fusion: right only).
         position_ids (B, T): default past_len + (real tokens before j); RoPE and blocks use them.
@@ -238,6 +271,7 @@ class FalconDrafter(nn.Module):
             assignment only; default position_ids % k, or (with attn_bias) consecutive chunks of
             k new positions.
         """
+        features = self.inputs(features)
         B, T, _ = features.shape
         past = cache.length if cache is not None else 0
         dtype = self.layers[0].post_attention_layernorm.weight.dtype

@@ -52,7 +52,11 @@ class DistilledDataModule(L.LightningDataModule):
         pool_batches: int = 64,
         distill_command: str = "python data/distill.py",
         max_train_tokens: int | None = None,
+        aux_layers: list[int] | None = None,
     ):
+        """aux_layers: target layers whose input hidden states offline batches carry beside f
+        (wide features, `drafters.target.with_aux`), for a Falcon drafter in EAGLE-3's layout
+        (its `drafter.model.aux_layers`, which the data config reads)."""
         super().__init__()
         if features not in FEATURE_MODES:
             raise ValueError(f"data.features={features!r}: use one of {FEATURE_MODES}")
@@ -73,6 +77,7 @@ class DistilledDataModule(L.LightningDataModule):
                 f"data.max_train_tokens={max_train_tokens}: use a positive count or null"
             )
         self.max_train_tokens = None if max_train_tokens is None else int(max_train_tokens)
+        self.aux_layers = tuple(int(i) for i in aux_layers) if aux_layers else None
         self.target: Target | None = None
         self.train_set: ConversationExamples | None = None
         self.val_set: ConversationExamples | None = None
@@ -136,7 +141,7 @@ class DistilledDataModule(L.LightningDataModule):
     def _loader(self, examples: ConversationExamples, split: str, train: bool) -> DataLoader:
         cache = None
         if self.features == "offline":
-            cache = FeatureCache(self.cache_folder(split), self.target, examples)
+            cache = FeatureCache(self.cache_folder(split), self.target, examples, self.aux_layers)
         trainer = self.trainer
         rank = trainer.global_rank if trainer is not None else 0
         world = trainer.world_size if trainer is not None else 1

@@ -6,6 +6,8 @@ Layout of a cache folder:
     shard-000000.npy     (tokens, d) features f_j of a run of consecutive examples
     shard-000000.json    [key, token count, token digest] of those examples, in order
     shard-000000.entropy.npy  (tokens,) float32 entropy H(p_j) of the target's distribution
+    shard-000000.aux.npy (tokens, n * d) with aux_layers: the hidden states entering those
+                         target layers (EAGLE-3's fused features, `drafters.target.with_aux`)
     ...
 
 Only `f` is stored (~2·d bytes a token in bf16): the target's distribution p_j = softmax(W f_j)
@@ -19,6 +21,9 @@ computes only the examples not cached yet: a killed build resumes, and a corpus 
 partial merge, then the full one) adds shards for its new conversations only. A cache made for
 another target or tokenizer, an example cached with other tokens (another corpus,
 data.max_length changed), or a cache written before token digests, is refused, saying why.
+A build with aux layers on a cache without them adds the aux files to its existing shards (one
+target forward per example, as a new shard costs); the layers are recorded in meta.json and a
+cache holding other ones is refused.
 """
 
 from __future__ import annotations
@@ -103,7 +108,7 @@ def _part_of(key: str, n_parts: int) -> int:
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little") % n_parts
 
 
-def _check_meta(folder: Path, meta: dict, target: Target) -> None:
+def _check_meta(folder: Path, meta: dict, target: Target) -> dict:
     old = json.loads((folder / "meta.json").read_text())
     problem = target.identity.mismatch(old["target"], f"feature cache {folder}")
     if problem:  # (an older identity is compared on the keys it holds)
@@ -114,6 +119,76 @@ def _check_meta(folder: Path, meta: dict, target: Target) -> None:
                 f"feature cache {folder} holds {key}={old.get(key)!r}, not {meta[key]!r}; "
                 "delete it or choose another data.cache_dir"
             )
+    _check_aux(folder, old.get("aux_layers"), meta.get("aux_layers"))
+    return old
+
+
+def _check_aux(folder: Path, cached, wanted) -> None:
+    if cached and wanted and list(cached) != list(wanted):
+        raise FeatureCacheError(
+            f"feature cache {folder} holds aux layers {list(cached)}, not {list(wanted)}; delete "
+            f"its shard-*.aux.npy files (and aux_layers in meta.json) or choose another "
+            "data.cache_dir"
+        )
+
+
+def _aux_path(index_file: Path) -> Path:
+    return index_file.with_suffix(".aux.npy")
+
+
+def _to_numpy(t: torch.Tensor, dtype: str) -> np.ndarray:
+    return t.view(torch.int16).numpy().view(np.uint16) if dtype == "bfloat16" else t.numpy()
+
+
+def _save(path: Path, arr: np.ndarray) -> None:
+    with atomic_file(path) as tmp:
+        np.save(tmp, arr)
+
+
+@torch.no_grad()
+def _compute(target: Target, exs: list, pad: int, batch_size: int, aux_layers, torch_dtype):
+    """Features of a list of examples, batched by length: per example (f (L, d), entropy (L,),
+    aux (L, n d) or None), in the list's order."""
+    d = target.hidden_size
+    order = sorted(range(len(exs)), key=lambda i: len(exs[i].input_ids))
+    out: dict[int, tuple] = {}
+    for b in range(0, len(order), batch_size):
+        chunk = order[b : b + batch_size]
+        batch = collate([exs[i] for i in chunk], pad)
+        ids = batch["input_ids"].to(target.device)
+        wide, _ = target.features(
+            ids, batch["attention_mask"].to(target.device), aux_layers=aux_layers
+        )
+        for row, i in enumerate(chunk):
+            w = wide[row, : len(exs[i].input_ids)]
+            fi = w[:, :d]
+            aux = w[:, d:].to("cpu", torch_dtype) if aux_layers else None
+            out[i] = (fi.to("cpu", torch_dtype), target_entropy(target, fi).cpu(), aux)
+    return [out[i] for i in range(len(exs))]
+
+
+def _add_aux(folder, examples, target, aux_layers, dtype, batch_size, part) -> tuple[int, int]:
+    """Write the aux file of every complete shard of this part that lacks one. Returns (shards
+    written, shards skipped because they hold examples this build was not given)."""
+    i_part, n_parts = part
+    by_key = {e.key: e for e in examples}
+    todo = [
+        (s, idx)
+        for s, idx in _shards(folder).items()
+        if s % n_parts == i_part and not _aux_path(idx).exists()
+    ]
+    written = skipped = 0
+    torch_dtype = DTYPES[dtype][0]
+    for _, idx in tqdm(todo, desc=f"aux features {i_part}/{n_parts}", unit="shard"):
+        keys = [entry[0] for entry in json.loads(idx.read_text())]
+        if any(k not in by_key for k in keys):
+            skipped += 1
+            continue
+        rows = _compute(target, [by_key[k] for k in keys], target.tokenizer.pad_token_id,
+                        batch_size, aux_layers, torch_dtype)  # fmt: skip
+        _save(_aux_path(idx), _to_numpy(torch.cat([r[2] for r in rows]), dtype))
+        written += 1
+    return written, skipped
 
 
 def _other_examples(folder: Path, examples, index) -> list[str]:
@@ -136,9 +211,12 @@ def build_feature_cache(
     batch_size: int = 8,
     shard_examples: int = 256,
     part: tuple[int, int] = (0, 1),
+    aux_layers: tuple[int, ...] | None = None,
 ) -> dict:
     """Compute and store f for every example not cached yet (resumable, and incremental: a
     grown corpus adds shards for its new examples only). Returns the cache's meta dict.
+    aux_layers: also the hidden states entering those target layers, added to shards that
+    lack them.
 
     part=(i, n): this process computes only the examples whose key hashes to i mod n, into
     shard numbers i mod n, so n processes (one a core) fill one folder together; any later build
@@ -151,8 +229,13 @@ def build_feature_cache(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     meta = _meta(target, dtype)
+    if aux_layers:
+        meta["aux_layers"] = list(aux_layers)
     if (folder / "meta.json").exists():
-        _check_meta(folder, meta, target)
+        old = _check_meta(folder, meta, target)
+        if not aux_layers and old.get("aux_layers"):
+            aux_layers = tuple(old["aux_layers"])  # keep the cache whole: new shards get them
+            meta["aux_layers"] = list(aux_layers)
     index = _index(folder)
     changed = _other_examples(folder, examples, index)
     if changed:
@@ -164,7 +247,7 @@ def build_feature_cache(
     todo = [e for e in examples if e.key not in index and _part_of(e.key, n_parts) == i_part]
     done = len(examples) - sum(e.key not in index for e in examples)
     free = (s for s in itertools.count(i_part, n_parts) if s not in _shards(folder))
-    torch_dtype, np_dtype = DTYPES[dtype]
+    torch_dtype = DTYPES[dtype][0]
     pad = target.tokenizer.pad_token_id
     t0, tokens = time.perf_counter(), 0
     desc = "features" if n_parts == 1 else f"features {i_part}/{n_parts}"
@@ -174,37 +257,30 @@ def build_feature_cache(
         part = todo[lo : lo + shard_examples]
         s = next(free)
         npy, idx = folder / f"shard-{s:06d}.npy", folder / f"shard-{s:06d}.json"
-        # sort by length inside the shard so batches carry little padding
-        order = sorted(range(len(part)), key=lambda i: len(part[i].input_ids))
-        feats: dict[int, torch.Tensor] = {}
-        ents: dict[int, torch.Tensor] = {}
-        for b in range(0, len(order), batch_size):
-            chunk = order[b : b + batch_size]
-            batch = collate([part[i] for i in chunk], pad)
-            ids = batch["input_ids"].to(target.device)
-            f, _ = target.features(ids, batch["attention_mask"].to(target.device))
-            for row, i in enumerate(chunk):
-                fi = f[row, : len(part[i].input_ids)]
-                feats[i] = fi.to("cpu", torch_dtype)
-                ents[i] = target_entropy(target, fi).cpu()
-            bar.update(len(chunk))
-        stacked = torch.cat([feats[i] for i in range(len(part))])
+        rows = _compute(target, part, pad, batch_size, aux_layers, torch_dtype)
+        bar.update(len(part))
+        stacked = torch.cat([r[0] for r in rows])
         tokens += stacked.shape[0]
-        arr = (
-            stacked.view(torch.int16).numpy().view(np_dtype)
-            if dtype == "bfloat16"
-            else (stacked.numpy())
-        )
-        # entropy, features, then the index: a shard is complete once its index is written
-        with atomic_file(npy.with_suffix(".entropy.npy")) as tmp:
-            np.save(tmp, torch.cat([ents[i] for i in range(len(part))]).numpy())
-        with atomic_file(npy) as tmp:
-            np.save(tmp, arr)
+        # entropy, aux, features, then the index: a shard is complete once its index is written
+        _save(npy.with_suffix(".entropy.npy"), torch.cat([r[1] for r in rows]).numpy())
+        if aux_layers:
+            _save(_aux_path(idx), _to_numpy(torch.cat([r[2] for r in rows]), dtype))
+        _save(npy, _to_numpy(stacked, dtype))
         with atomic_file(idx) as tmp:
             entries = [[e.key, len(e.input_ids), tokens_digest(e.input_ids)] for e in part]
             tmp.write_text(json.dumps(entries))
         bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - t0):.0f}")
     bar.close()
+    if aux_layers:
+        written, skipped = _add_aux(folder, examples, target, aux_layers, dtype, batch_size,
+                                    (i_part, n_parts))  # fmt: skip
+        meta["aux_added"] = {"shards": written, "skipped_other_examples": skipped}
+        if skipped:
+            print(
+                f"[features] {folder}: {skipped} shards got no aux features: they hold examples "
+                "this build was not given (built for a larger data.max_train_tokens); run the "
+                "build with that budget to add them"
+            )
     index = _index(folder)
     size = sum(idx.with_suffix(".npy").stat().st_size for idx in _shards(folder).values())
     cached = sum(entry[2] for entry in index.values())
@@ -222,7 +298,13 @@ class FeatureCache:
     """Read side: `cache[key]` -> (L, d) features of one example, memory-mapped from disk. Every
     example must be cached, with its own token count (else: rebuild or extend the cache)."""
 
-    def __init__(self, folder: str | Path, target: Target, examples: ConversationExamples):
+    def __init__(
+        self,
+        folder: str | Path,
+        target: Target,
+        examples: ConversationExamples,
+        aux_layers: tuple[int, ...] | None = None,
+    ):
         self.folder = Path(folder)
         meta_path = self.folder / "meta.json"
         if not meta_path.exists():
@@ -251,12 +333,25 @@ class FeatureCache:
                 "(unfinished, built for a smaller data.max_train_tokens, or the corpus grew); "
                 "`python data/cache_features.py` with this run's overrides adds them"
             )
+        self.aux_layers = tuple(aux_layers) if aux_layers else None
         self.shards: dict[int, np.ndarray] = {}
         self.entropy_shards: dict[int, np.ndarray | None] = {}
+        self.aux_shards: dict[int, np.ndarray] = {}
         for s, idx in _shards(self.folder).items():
             self.shards[s] = np.load(idx.with_suffix(".npy"), mmap_mode="r")
             ent = idx.with_suffix(".entropy.npy")
             self.entropy_shards[s] = np.load(ent, mmap_mode="r") if ent.exists() else None
+            if self.aux_layers and _aux_path(idx).exists():
+                self.aux_shards[s] = np.load(_aux_path(idx), mmap_mode="r")
+        if self.aux_layers:
+            _check_aux(self.folder, meta.get("aux_layers"), self.aux_layers)
+            lacking = {self.index[e.key][0] for e in examples} - set(self.aux_shards)
+            if lacking or not meta.get("aux_layers"):
+                raise FeatureCacheError(
+                    f"feature cache {self.folder} lacks aux features (layers "
+                    f"{list(self.aux_layers)}) in {len(lacking)} shards these examples use; "
+                    "`python data/cache_features.py` with this run's overrides adds them"
+                )
 
     def entropy(self, key: str) -> torch.Tensor | None:
         """(L,) float32 target entropy of one example, None if its shard has none (old cache)."""
@@ -265,9 +360,15 @@ class FeatureCache:
         return None if ent is None else torch.from_numpy(np.array(ent[offset : offset + length]))
 
     def __getitem__(self, key: str) -> torch.Tensor:
+        """(L, d) f of one example; (L, (1 + n) d) [f ; aux] when read with aux_layers."""
         s, offset, length, _ = self.index[key]
-        arr = np.array(self.shards[s][offset : offset + length])  # copy out of the memmap
-        t = torch.from_numpy(arr)
+        f = self._read(self.shards[s], offset, length)
+        if not self.aux_layers:
+            return f
+        return torch.cat([f, self._read(self.aux_shards[s], offset, length)], dim=-1)
+
+    def _read(self, shard: np.ndarray, offset: int, length: int) -> torch.Tensor:
+        t = torch.from_numpy(np.array(shard[offset : offset + length]))  # copy out of the memmap
         return t.view(torch.bfloat16) if self.torch_dtype == torch.bfloat16 else t
 
 
@@ -297,7 +398,12 @@ def cache_features(cfg) -> dict:
                 f"token within data.max_length={dm.max_length})"
             )
         meta = build_feature_cache(
-            target, examples, dm.cache_folder(split), dtype=dtype, part=(i_part, n_parts)
+            target,
+            examples,
+            dm.cache_folder(split),
+            dtype=dtype,
+            part=(i_part, n_parts),
+            aux_layers=dm.aux_layers,
         )
         out[split] = meta
         print(

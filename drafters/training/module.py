@@ -139,11 +139,28 @@ class DrafterLitModule(L.LightningModule):
     def on_validation_start(self) -> None:
         self.target.to(self.device)
 
+    @property
+    def aux_layers(self) -> tuple[int, ...] | None:
+        """Target layers a Falcon drafter in EAGLE-3's layout fuses (FalconConfig.aux_layers)."""
+        return getattr(getattr(self.drafter, "cfg", None), "aux_layers", None)
+
     def features(self, batch: dict) -> torch.Tensor:
-        """f (B, T, d): from the offline cache when the batch carries it, else a target forward."""
+        """f (B, T, d), wide with aux_layers (`drafters.target.with_aux`): from the offline cache
+        when the batch carries it, else a target forward."""
         if "features" in batch:
-            return batch["features"].to(self.target.dtype)
-        f, _ = self.target.features(batch["input_ids"], batch["attention_mask"])
+            f = batch["features"]
+            want = self.target.hidden_size * (1 + len(self.aux_layers or ()))
+            if f.shape[-1] != want:
+                raise ValueError(
+                    f"batch features are {f.shape[-1]} wide, the drafter reads {want} (f and "
+                    f"aux_layers={self.aux_layers}); build the cache with the same "
+                    "drafter.model.aux_layers (`python data/cache_features.py` + this run's "
+                    "overrides)"
+                )
+            return f.to(self.target.dtype)
+        f, _ = self.target.features(
+            batch["input_ids"], batch["attention_mask"], aux_layers=self.aux_layers
+        )
         return f
 
     # ---- losses -----------------------------------------------------------------------------
@@ -186,7 +203,7 @@ class DrafterLitModule(L.LightningModule):
                 own_pass_weight=float(c.get("own_pass_weight", 1.0)),
             )
             m["csgd_lambda"] = torch.tensor(lam)
-            return loss, m, f
+            return loss, m, f[..., : self.target.hidden_size]
         hidden = self.drafter.hidden(f.to(param_dtype))  # (B, T, K, d); logits per labelled row
         K = hidden.shape[2]
         gate_logits = None
