@@ -25,7 +25,12 @@ NOT_TRAINING = (
 )  # fmt: skip
 # keys added to the training config after runs were saved without them, with the value the code
 # used before the key existed: a saved run lacking one trained with that value
-ADDED_SINCE = {("drafter", "csgd", "own_pass_weight"): 1.0}
+ADDED_SINCE = {
+    ("drafter", "csgd", "own_pass_weight"): 1.0,
+    ("drafter", "model", "aux_layers"): None,  # Falcon's only (FALCON_ONLY)
+    ("data", "aux_layers"): "${oc.select:drafter.model.aux_layers,null}",
+}
+FALCON_ONLY = {("drafter", "model", "aux_layers")}
 
 
 def training_config(experiment: str, overrides: list[str]) -> dict:
@@ -54,7 +59,10 @@ def _saved_config(run_dir: Path) -> dict | None:
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.to_container(OmegaConf.load(saved), resolve=False)
+    kind = (cfg.get("drafter") or {}).get("kind")
     for (*parents, key), value in ADDED_SINCE.items():
+        if (*parents, key) in FALCON_ONLY and kind != "falcon":
+            continue
         node = cfg
         for name in parents:
             node = node.get(name) if isinstance(node, dict) else None
