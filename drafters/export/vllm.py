@@ -34,9 +34,11 @@ What vLLM (0.32) can express, read from its `transformers_utils/configs/medusa.p
   target layers, as `drafters.target.with_aux`), `fc_norm: true` with `fc_norm.{i}` (an RMSNorm
   per layer) and `fc` (n d -> d). `norm_output: true`: each later step reads the drafter's
   normalised output, which is what our drafter outputs and the decoder feeds back.
-- vllm speculators' config format: vLLM 0.32 reads it for EAGLE-3, P-EAGLE and DFlash drafters;
-  the plain EAGLE-3 config above carries the same fields (aux layer ids included), and
-  speculators' own has no per-layer norm before `fc`, so the plain one is written.
+- vllm speculators' config format: vLLM 0.32 reads it for EAGLE-3 (always with fused layers:
+  it has no `use_aux_hidden_state`), P-EAGLE and DFlash drafters. It maps onto the same
+  Eagle3LlamaForCausalLM and the same fields as the plain EAGLE-3 config written here (aux
+  layer ids, `fc_norm`, `norm_output`), so the plain config is the one written, for every
+  EAGLE-3 export.
 
 Not expressible, refused naming the field: Cerberus (its heads read each other's hidden state;
 no engine links heads), Falcon k >= 2 (the block-causal mask: the k tokens of a pass attend to
