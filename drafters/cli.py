@@ -73,6 +73,10 @@ with k=1 in EAGLE's layout), from a checkpoint or from an exported drafter folde
     drafters-export outputs/medusa_smollm2 outputs/medusa_smollm2-vllm --format vllm --full-vocab
     LLM(model=TARGET, speculative_config={"method": "medusa", "model": OUT, ...})
 
+--format speculators writes an EAGLE-3 drafter with fused target layers in vllm speculators'
+format, which names its target (--verifier, default: the folder or hub id the drafter's target
+loads from) so that vLLM serves the folder alone: `vllm serve OUT`.
+
 What vLLM can and cannot express: the docstring of drafters/export/vllm.py.
 """
 
@@ -93,9 +97,22 @@ def export_main(argv: list[str] | None = None) -> int:
     p.add_argument("out", help="the drafter folder to write (atomically)")
     p.add_argument(
         "--format",
-        choices=["drafters", "vllm"],
+        choices=["drafters", "vllm", "speculators"],
         default="drafters",
-        help="drafters: ours (the source of truth); vllm: what vLLM loads as speculative model",
+        help="drafters: ours (the source of truth); vllm: what vLLM loads as speculative model; "
+        "speculators: vllm speculators' format (EAGLE-3 with aux layers), served alone",
+    )
+    p.add_argument(
+        "--verifier",
+        default=None,
+        help="--format speculators: the target's hub id or folder (default: where the drafter's "
+        "target loads from)",
+    )
+    p.add_argument(
+        "--tokens",
+        type=int,
+        default=3,
+        help="--format speculators: draft tokens per step (its proposal method)",
     )
     p.add_argument(
         "--full-vocab",
@@ -113,7 +130,7 @@ def export_main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     args = p.parse_args(argv)
-    if args.format == "vllm":
+    if args.format in ("vllm", "speculators"):
         return export_vllm_main(args)
     out = export_checkpoint(
         args.checkpoint, args.out, args.dtype, parse_tree(args.tree), args.force
@@ -139,10 +156,18 @@ def export_vllm_main(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if not source.is_dir():  # a checkpoint: our format first, then vLLM's
             source = export_checkpoint(source, Path(tmp) / "drafter", args.dtype)
-        kind = read_config(source)["kind"]
+        config = read_config(source)
+        kind, verifier = config["kind"], None
+        if args.format == "speculators":
+            verifier = args.verifier or _target_path(config["target"])
         out = export_vllm(
-            source, args.out, dtype=args.dtype, full_vocab=args.full_vocab, force=args.force
-        )
+            source, args.out, dtype=args.dtype, full_vocab=args.full_vocab, force=args.force,
+            verifier=verifier, speculative_tokens=args.tokens,
+        )  # fmt: skip
+    if verifier is not None:
+        print(f"exported {kind} drafter in vllm speculators' format to {out} (verifier "
+              f"{verifier}): vllm serve {out}")  # fmt: skip
+        return 0
     config = json.loads((out / "config.json").read_text())
     n = config.get("num_heads", "N")
     method = json.loads((out / SOURCE_FILE).read_text())["vllm_method"]
@@ -151,6 +176,15 @@ def export_vllm_main(args) -> int:
         f'{{"method": "{method}", "model": "{out}", "num_speculative_tokens": {n}}})'
     )
     return 0
+
+
+def _target_path(identity: dict) -> str:
+    """The hub id or folder a drafter's target loads from (the converted folder of a packaged
+    GGUF), which vLLM loads as the verifier."""
+    from drafters.target import load_target
+
+    target = load_target(None, identity=identity)
+    return str(target.path or identity["name"])
 
 
 # ---- drafters-generate ---------------------------------------------------------------------------

@@ -117,6 +117,10 @@ def test_vllm_commands_name_what_is_wrong(tmp_path, tiny_exported, capsys):
         assert run(export_main, argv) == 1
         assert field in one_error_line(capsys)
         assert not (tmp_path / kind).exists()
+    # speculators' format: EAGLE-3 with fused target layers only (the fixture's is k=2 linear)
+    argv = [str(tiny_exported["falcon"]), str(tmp_path / "spec"), "--format", "speculators"]
+    assert run(export_main, argv) == 1
+    assert "fusion/aux_layers" in one_error_line(capsys)
 
 
 def test_export_format_vllm_from_a_checkpoint_and_from_a_folder(

@@ -87,6 +87,42 @@ def test_what_vllm_cannot_express_is_refused_by_field(tmp_path, tiny, make, matc
     assert not (tmp_path / "out").exists()
 
 
+def test_speculators_format_says_the_same_drafter_and_names_its_verifier(tmp_path, tiny):
+    """--format speculators: the plain EAGLE-3 export's weights; its config turns, by vLLM's
+    rules (SpeculatorsConfig: the layer config, then the EAGLE-3 fields), into the plain
+    export's Llama config, and names the verifier and the draft tokens; a drafter without fused
+    layers is refused, naming the field."""
+    model = falcon(tiny, fusion="eagle3", draft_vocab_size=64, aux_layers=(1,))
+    d = loaded("falcon", model, tiny)
+    plain = export(tmp_path, d, tiny)
+    spec = export_vllm(d, tmp_path / "spec", target_lm_head=tiny.lm_head.weight,
+                       target_config=tiny.config.to_dict(), verifier="/models/t",
+                       speculative_tokens=4)  # fmt: skip
+    a, b = load_file(str(plain / "model.safetensors")), load_file(str(spec / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    config = json.loads((spec / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3"
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "/models/t"
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
+    # vLLM: transformer_layer_config, updated by update_eagle3 (the fields it reads, with its
+    # defaults), must give the plain export's config
+    vllm = dict(config["transformer_layer_config"])
+    for key, default in (("draft_vocab_size", None), ("target_hidden_size", None),
+                         ("norm_before_residual", True), ("norm_before_fc", False),
+                         ("fc_norm", False), ("norm_output", False),
+                         ("eagle_aux_hidden_state_layer_ids", None)):  # fmt: skip
+        vllm[key] = config.get(key, default)
+    want = json.loads((plain / "config.json").read_text())
+    del want["eagle_config"], want["num_aux_hidden_states"], want["architectures"]
+    vllm.pop("architectures"), vllm.pop("norm_before_fc")
+    assert vllm == want
+    assert json.loads((spec / "drafters_source.json").read_text())["format"] == "speculators"
+    no_aux = loaded("falcon", falcon(tiny, fusion="eagle3"), tiny)
+    with pytest.raises(ExportError, match="fusion/aux_layers:"):
+        export_vllm(no_aux, tmp_path / "x", target_lm_head=tiny.lm_head.weight,
+                    target_config=tiny.config.to_dict(), verifier="/models/t")  # fmt: skip
+
+
 def test_an_existing_folder_needs_force(tmp_path, tiny):
     d = loaded("medusa", MedusaHeads(MedusaConfig(tiny.hidden_size, tiny.vocab_size)), tiny)
     export(tmp_path, d, tiny)

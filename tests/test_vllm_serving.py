@@ -67,6 +67,10 @@ def exports(tmp_path_factory, smollm2):
         export_vllm(loaded, root / name, target_lm_head=t.lm_head.weight,
                     target_config=t.config.to_dict())  # fmt: skip
         out[name] = loaded
+    # the same fused-features drafter in vllm speculators' format, naming its verifier
+    export_vllm(out["eagle3_aux"], root / "eagle3_spec", target_lm_head=t.lm_head.weight,
+                target_config=t.config.to_dict(), verifier=t.path)  # fmt: skip
+    out["eagle3_spec"] = out["eagle3_aux"]
     return root, out
 
 
@@ -81,7 +85,8 @@ def bench(exports, tmp_path_factory):
     args = ["--questions", str(qfile), "--max-new-tokens", str(MAX_NEW), "--dtype", "float32",
             "--warmup", "0", "--enforce-eager", "--ngram", "3", "--drafter", str(root / "medusa"),
             "--drafter", f"{root / 'falcon'}:2", "--drafter", f"{root / 'eagle3'}:2",
-            "--drafter", f"{root / 'eagle3_aux'}:2", "--out", str(out)]  # fmt: skip
+            "--drafter", f"{root / 'eagle3_aux'}:2", "--drafter", f"{root / 'eagle3_spec'}:2",
+            "--out", str(out)]  # fmt: skip
     assert main(args) == 0
     return json.loads((out / "results.json").read_text()), out
 
@@ -89,19 +94,21 @@ def bench(exports, tmp_path_factory):
 def test_every_export_loads_and_decodes_plain_greedy(bench):
     results, out = bench
     summary = {s["method"]: s for s in results["summary"]}
-    assert set(summary) == {"plain", "ngram:3", "medusa:3", "falcon:2", "eagle3:2", "eagle3_aux:2"}
+    drafters = ("medusa:3", "falcon:2", "eagle3:2", "eagle3_aux:2", "eagle3_spec:2")
+    assert set(summary) == {"plain", "ngram:3", *drafters}
     for name, s in summary.items():
         assert s["same_as_plain"] == len(QUESTIONS), (name, s)
         assert s["tokens"] > 0
-    for name in ("ngram:3", "medusa:3", "falcon:2", "eagle3:2", "eagle3_aux:2"):
+    for name in ("ngram:3", *drafters):
         assert summary[name]["drafts"] > 0  # it really speculated
     assert "| medusa:3 |" in (out / "results.md").read_text()
 
 
 @pytest.mark.parametrize(
     "name, method, n",
-    [("medusa", "medusa:3", 3), ("eagle3", "eagle3:2", 2), ("eagle3_aux", "eagle3_aux:2", 2)],
-)
+    [("medusa", "medusa:3", 3), ("eagle3", "eagle3:2", 2), ("eagle3_aux", "eagle3_aux:2", 2),
+     ("eagle3_spec", "eagle3_spec:2", 2)],
+)  # fmt: skip
 def test_vllm_accepts_what_our_decoder_accepts(bench, exports, smollm2, name, method, n):
     from drafters.data.chat import render_prompt
     from drafters.speculate import speculative_decode
@@ -121,3 +128,25 @@ def test_vllm_accepts_what_our_decoder_accepts(bench, exports, smollm2, name, me
     vllm = [sum(r["accepted_per_pos"][j] for r in runs) for j in range(n)]
     assert sum(vllm) > 0, "the random drafter never guessed right: the comparison says nothing"
     assert vllm == ours
+
+
+def test_speculators_folder_is_served_alone(exports, smollm2):
+    """`vllm serve FOLDER` on the speculators export: vLLM's own resolution turns the folder into
+    its verifier (our target) with the drafter as EAGLE-3 speculative model."""
+    import subprocess
+
+    from drafters.data.engines.vllm_client import vllm_python
+
+    root, _ = exports
+    code = (
+        "import json, sys\n"
+        "from vllm.transformers_utils.config import maybe_override_with_speculators\n"
+        "m, tok, spec = maybe_override_with_speculators(sys.argv[1], None, False)\n"
+        "print(json.dumps([m, tok, spec]))\n"
+    )
+    run = subprocess.run([vllm_python(), "-c", code, str(root / "eagle3_spec")],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    model, tokenizer, spec = json.loads(run.stdout.strip().splitlines()[-1])
+    assert model == tokenizer == smollm2.path
+    assert spec == {"method": "eagle3", "num_speculative_tokens": 3,
+                    "model": str(root / "eagle3_spec")}  # fmt: skip

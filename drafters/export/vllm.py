@@ -34,11 +34,13 @@ What vLLM (0.32) can express, read from its `transformers_utils/configs/medusa.p
   target layers, as `drafters.target.with_aux`), `fc_norm: true` with `fc_norm.{i}` (an RMSNorm
   per layer) and `fc` (n d -> d). `norm_output: true`: each later step reads the drafter's
   normalised output, which is what our drafter outputs and the decoder feeds back.
-- vllm speculators' config format: vLLM 0.32 reads it for EAGLE-3 (always with fused layers:
-  it has no `use_aux_hidden_state`), P-EAGLE and DFlash drafters. It maps onto the same
-  Eagle3LlamaForCausalLM and the same fields as the plain EAGLE-3 config written here (aux
-  layer ids, `fc_norm`, `norm_output`), so the plain config is the one written, for every
-  EAGLE-3 export.
+- vllm speculators' format (`verifier=...`, `drafters-export --format speculators`): the same
+  weights with a speculators config.json (`speculators_model_type: eagle3`, the Llama layer
+  config under `transformer_layer_config`, the EAGLE-3 fields, and `speculators_config` naming
+  the verifier, i.e. the target, and the number of draft tokens). vLLM maps it onto the same
+  Eagle3LlamaForCausalLM, and serves the folder alone: `vllm serve OUT` / `LLM(model=OUT)` loads
+  the verifier it names with the drafter. Its EAGLE-3 always reads fused target layers (it has
+  no `use_aux_hidden_state`), so only a drafter with `aux_layers` is written in it.
 
 Not expressible, refused naming the field: Cerberus (its heads read each other's hidden state;
 no engine links heads), Falcon k >= 2 (the block-causal mask: the k tokens of a pass attend to
@@ -238,6 +240,33 @@ def _aux_config(cfg) -> dict:
     }
 
 
+def speculators_config(config: dict, verifier: str, tokens: int) -> dict:
+    """vllm speculators' EAGLE-3 config from our plain EAGLE-3 one (`falcon_config` with aux
+    layers): what vLLM's SpeculatorsConfig turns back into the same Llama config."""
+    layer = {k: v for k, v in config.items() if k not in EAGLE3_FIELDS}
+    return {
+        "speculators_model_type": "eagle3",
+        "architectures": ["Eagle3Speculator"],
+        "transformer_layer_config": layer | {"architectures": ["LlamaForCausalLM"]},
+        **{k: config[k] for k in EAGLE3_FIELDS if k in config and k not in SPECULATORS_OWN},
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": tokens}],
+            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+        },
+    }
+
+
+SPECULATORS_OWN = ("architectures", "eagle_config")  # replaced, and implied by the format
+# the EAGLE-3 keys of `falcon_config` that speculators keeps beside the layer config
+EAGLE3_FIELDS = (
+    "architectures", "draft_vocab_size", "target_hidden_size", "norm_before_residual",
+    "norm_output", "eagle_config", "eagle_aux_hidden_state_layer_ids", "num_aux_hidden_states",
+    "fc_norm",
+)  # fmt: skip
+
+
 def _llama_config(cfg, max_pos: int) -> dict:
     return {
         "model_type": "llama",
@@ -270,6 +299,8 @@ def export_vllm(
     dtype: str | None = None,
     full_vocab: bool = False,
     force: bool = False,
+    verifier: str | None = None,
+    speculative_tokens: int = 3,
 ) -> Path:
     """Write `out`, a folder vLLM loads as the speculative model of the drafter's target.
 
@@ -277,7 +308,9 @@ def export_vllm(
     weight (Medusa without its own head; default: the drafter's target loaded by
     `drafters.target.load_target`). target_config: the target's HF config dict (Falcon: its
     max_position_embeddings; default: read from the target). dtype: of the weights (default:
-    the drafter's). Written atomically; returns `out`.
+    the drafter's). verifier: write vllm speculators' format instead, naming this target (hub
+    id or folder) and `speculative_tokens` (EAGLE-3 with aux layers only). Written atomically;
+    returns `out`.
     """
     loaded = drafter if isinstance(drafter, LoadedDrafter) else load_drafter(drafter)
     where = loaded.folder or "drafter"
@@ -289,6 +322,14 @@ def export_vllm(
             "engine's Medusa implementation has; export a Medusa drafter instead",
         )
     eagle3 = loaded.kind == "falcon" and loaded.model.cfg.fusion == "eagle3"
+    if verifier is not None and not (eagle3 and loaded.model.cfg.aux_layers):
+        raise _refuse(
+            where,
+            "fusion/aux_layers:",
+            "vLLM reads speculators' EAGLE-3 config with fused target layers only; train with "
+            "drafter.model.fusion=eagle3 and drafter.model.aux_layers, or export with "
+            "--format vllm",
+        )
     needs_target = (
         (loaded.kind == "medusa" and loaded.model.lm_head is None) or eagle3
     ) and target_lm_head is None
@@ -311,11 +352,15 @@ def export_vllm(
     elif eagle3:
         config = falcon_config(loaded, target_config, full_vocab)
         tensors = eagle3_tensors(loaded, target_lm_head, full_vocab)
+        if verifier is not None:
+            config = speculators_config(config, verifier, speculative_tokens)
     else:
         config, tensors = falcon_config(loaded, target_config), falcon_tensors(loaded)
 
     torch_dtype = DTYPES[dtype or loaded.config.get("weights", {}).get("dtype", "float32")]
     config["torch_dtype"] = str(torch_dtype).removeprefix("torch.")
+    if "transformer_layer_config" in config:  # speculators: the layer config is the model's
+        config["transformer_layer_config"]["torch_dtype"] = config["torch_dtype"]
     state = {
         k: v.detach()
         .to("cpu", torch_dtype if v.is_floating_point() else v.dtype)
@@ -330,6 +375,7 @@ def export_vllm(
         "vllm_method": vllm_method(loaded),
         "num_speculative_tokens": (loaded.model.cfg.num_heads if loaded.kind == "medusa" else None),
         "full_vocab": bool(full_vocab and loaded.model.cfg.draft_vocab_size),
+        "format": "vllm" if verifier is None else "speculators",
     }
     with staged_dir(out, replace=force) as tmp:
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
