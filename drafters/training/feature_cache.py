@@ -146,9 +146,12 @@ def _save(path: Path, arr: np.ndarray) -> None:
 
 
 @torch.no_grad()
-def _compute(target: Target, exs: list, pad: int, batch_size: int, aux_layers, torch_dtype):
-    """Features of a list of examples, batched by length: per example (f (L, d), entropy (L,),
-    aux (L, n d) or None), in the list's order."""
+def _compute(
+    target: Target, exs: list, pad: int, batch_size: int, aux_layers, torch_dtype, entropy=True
+):
+    """Features of a list of examples, batched by length: per example (f (L, d), entropy (L,)
+    or None with entropy=False (a full-vocabulary LM head pass a token), aux (L, n d) or None),
+    in the list's order."""
     d = target.hidden_size
     order = sorted(range(len(exs)), key=lambda i: len(exs[i].input_ids))
     out: dict[int, tuple] = {}
@@ -163,7 +166,8 @@ def _compute(target: Target, exs: list, pad: int, batch_size: int, aux_layers, t
             w = wide[row, : len(exs[i].input_ids)]
             fi = w[:, :d]
             aux = w[:, d:].to("cpu", torch_dtype) if aux_layers else None
-            out[i] = (fi.to("cpu", torch_dtype), target_entropy(target, fi).cpu(), aux)
+            ent = target_entropy(target, fi).cpu() if entropy else None
+            out[i] = (fi.to("cpu", torch_dtype), ent, aux)
     return [out[i] for i in range(len(exs))]
 
 
@@ -185,7 +189,7 @@ def _add_aux(folder, examples, target, aux_layers, dtype, batch_size, part) -> t
             skipped += 1
             continue
         rows = _compute(target, [by_key[k] for k in keys], target.tokenizer.pad_token_id,
-                        batch_size, aux_layers, torch_dtype)  # fmt: skip
+                        batch_size, aux_layers, torch_dtype, entropy=False)  # fmt: skip
         _save(_aux_path(idx), _to_numpy(torch.cat([r[2] for r in rows]), dtype))
         written += 1
     return written, skipped
