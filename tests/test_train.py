@@ -102,6 +102,8 @@ def test_checkpoint_is_drafter_only_and_resumes_step_and_lambda(tmp_path, tiny, 
     )
     ref = train(fresh)
     assert metrics["train/csgd_lambda"] == pytest.approx(ref["train/csgd_lambda"])
+    # and the lr schedule too, though LambdaLR's restored state carries the 4-step run's sizes
+    assert metrics["train/lr"] == pytest.approx(ref["train/lr"])
 
 
 def test_resume_continues_the_same_data_order(tmp_path, tiny, tiny_distilled):

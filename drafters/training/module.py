@@ -316,15 +316,34 @@ class DrafterLitModule(L.LightningModule):
             betas=tuple(o.get("betas", (0.9, 0.95))),
             weight_decay=float(o.get("weight_decay", 0.0)),
         )
+        warmup, total = self._schedule_steps()
+        schedule = WarmupDecay(
+            warmup, total, o.get("schedule", "cosine"), float(o.get("min_lr_ratio", 0.1))
+        )
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def _schedule_steps(self) -> tuple[int, int]:
+        """(warmup, total) optimizer steps of this run's lr schedule."""
+        o = self.optim_cfg
         total = int(self.trainer.estimated_stepping_batches)
         warmup = o.get("warmup_steps")
         if warmup is None:  # sized by the run: a share of its optimizer steps
             warmup = math.ceil(float(o.get("warmup_ratio", 0.0)) * total)
-        schedule = WarmupDecay(
-            int(warmup),
-            total,
-            o.get("schedule", "cosine"),
-            float(o.get("min_lr_ratio", 0.1)),
-        )
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return int(warmup), total
+
+    def on_train_start(self) -> None:
+        """A resumed run restores LambdaLR's state, and with it the schedule's sizes from the
+        run that saved the checkpoint; a resume with another step budget (a raised
+        trainer.max_steps) would then keep decaying over the old one while CSGD's λ follows the
+        new one. Size the schedule by this run, and say so when that changes it."""
+        sched = self.lr_schedulers()
+        fn = sched.lr_lambdas[0] if sched is not None else None
+        if not isinstance(fn, WarmupDecay):
+            return
+        warmup, total = self._schedule_steps()
+        if (fn.warmup, fn.total) != (warmup, max(total, 1)):
+            if self.global_rank == 0:
+                print(f"[train] lr schedule sized by this run: {total} steps, warmup {warmup} "
+                      f"(the checkpoint's run: {fn.total}, {fn.warmup})")  # fmt: skip
+            fn.warmup, fn.total = warmup, max(total, 1)
