@@ -358,6 +358,12 @@ def bench_args(argv: list[str] | None = None):
         default=["none", "default"],
         help="gate variants per head drafter (default: without gate and with its own gate)",
     )
+    p.add_argument(
+        "--tree",
+        default=None,
+        help="decode every drafter whose gate builds no dynamic tree with this tree instead of "
+        "its exported one: preset, chain<K> (e.g. chain2 beside vLLM's 2 draft tokens), JSON paths",
+    )
     p.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens")
     p.add_argument(
         "--early-exit-layer", type=int, default=None, help="assistant_early_exit (default L/5)"

@@ -335,3 +335,25 @@ def test_drafter_specs_name_fixed_size_dynamic_trees():
     assert fixed_size_gate("dynamic20")[1].max_nodes == 20 and fixed_size_gate("budget") is None
     with pytest.raises(ValueError, match="unknown gate 'dynamic'.*dynamic<n>"):
         split_drafter_spec("d/x@dynamic")
+
+
+def test_bench_tree_override_decodes_every_drafter_with_that_tree(tmp_path, tiny_exported):
+    """--tree chain2: drafters decode a chain of 2 draft tokens a step (as vLLM's
+    num_speculative_tokens=2), losslessly, and the run records it; a dynamic tree's gate keeps
+    building its own."""
+    out = tmp_path / "bench_chain"
+    argv = ["--eval-dir", str(write_eval(tmp_path / "eval")), "--per-category", "1",
+            "--max-new-tokens", "12", "--threads", "1", "--turns", "1", "--tree", "chain2",
+            "--methods", "hf_greedy", "--out", str(out),
+            "--drafter", str(tiny_exported["medusa"]) + "@none,dynamic4",
+            "--drafter", str(tiny_exported["falcon"])]  # fmt: skip
+    assert bench_main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    trees = {n: m["tree"] for n, m in res["methods"].items() if "tree" in m}
+    chained = [n for n, t in trees.items() if t == "chain2"]
+    assert len(chained) == 2 and all("dynamic" not in n for n in chained)
+    assert any(t != "chain2" for n, t in trees.items() if "dynamic4" in n)
+    for r in res["records"]:
+        nodes = r["turns"][0].get("nodes_hist", [])
+        if r["method"] in chained:
+            assert len(nodes) <= 3 and r["lossless"]  # at most 2 draft nodes a step

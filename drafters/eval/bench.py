@@ -222,11 +222,12 @@ def drafter_method(target, drafter, gate: str | None, name: str, tree=None, dyna
         return res.output_ids.tolist(), _decode_stats(res, phase_k)
 
     used = drafter.tree if tree is None else tree
+    named = tree if isinstance(tree, str) else "given"  # a preset / chain<K>, or paths
     info = {
         "drafter": str(drafter.folder),
         "gate": gate,
-        "tree": drafter.config["tree"]["name"] if tree is None else "given",
-        "tree_nodes": len(used) if hasattr(used, "__len__") else None,
+        "tree": drafter.config["tree"]["name"] if tree is None else named,
+        "tree_nodes": None if isinstance(used, str) or not hasattr(used, "__len__") else len(used),
         "num_params": drafter.config["weights"]["num_params"],
     }
     if dynamic is not None:  # as decoded (dynamic<n>: no n-gram candidates)
@@ -280,8 +281,11 @@ def split_drafter_spec(spec: str) -> tuple[str, list[str] | None]:
 
 
 def build_methods(args, target) -> list[Method]:
+    from drafters.cli import parse_tree
     from drafters.export import load_drafter
+    from drafters.speculate import BUDGET_GATES
 
+    tree_override = parse_tree(getattr(args, "tree", None))  # --tree: None = the exported tree
     methods: list[Method] = []
     for name in args.methods:
         if name == "hf_greedy":
@@ -323,7 +327,8 @@ def build_methods(args, target) -> list[Method]:
             name = base if g is None else f"{base}+{g}"
             taken.add(name)
             gate, dynamic = fixed_size_gate(g or "") or (g, None)
-            methods.append(drafter_method(target, drafter, gate, name, dynamic=dynamic))
+            tree = None if gate in BUDGET_GATES else tree_override
+            methods.append(drafter_method(target, drafter, gate, name, tree, dynamic))
     if not methods:
         raise ValueError("no method to run: give --methods and/or --drafter")
     return methods
