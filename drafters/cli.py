@@ -389,7 +389,9 @@ def bench_args(argv: list[str] | None = None):
         help="INDEX/COUNT: run questions INDEX, INDEX+COUNT..",
     )
     p.add_argument("--merge", action="store_true", help="only write the reports of --out")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.tree = parse_tree(args.tree)  # None: each drafter's exported tree
+    return args
 
 
 def bench_main(argv: list[str] | None = None) -> int:

@@ -281,11 +281,9 @@ def split_drafter_spec(spec: str) -> tuple[str, list[str] | None]:
 
 
 def build_methods(args, target) -> list[Method]:
-    from drafters.cli import parse_tree
     from drafters.export import load_drafter
     from drafters.speculate import BUDGET_GATES
 
-    tree_override = parse_tree(getattr(args, "tree", None))  # --tree: None = the exported tree
     methods: list[Method] = []
     for name in args.methods:
         if name == "hf_greedy":
@@ -327,7 +325,7 @@ def build_methods(args, target) -> list[Method]:
             name = base if g is None else f"{base}+{g}"
             taken.add(name)
             gate, dynamic = fixed_size_gate(g or "") or (g, None)
-            tree = None if gate in BUDGET_GATES else tree_override
+            tree = None if gate in BUDGET_GATES else args.tree  # --tree (None: exported)
             methods.append(drafter_method(target, drafter, gate, name, tree, dynamic))
     if not methods:
         raise ValueError("no method to run: give --methods and/or --drafter")

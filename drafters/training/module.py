@@ -341,9 +341,9 @@ class DrafterLitModule(L.LightningModule):
         fn = sched.lr_lambdas[0] if sched is not None else None
         if not isinstance(fn, WarmupDecay):
             return
-        warmup, total = self._schedule_steps()
-        if (fn.warmup, fn.total) != (warmup, max(total, 1)):
+        mine = WarmupDecay(*self._schedule_steps(), fn.schedule, fn.min_ratio)
+        if (mine.warmup, mine.total) != (fn.warmup, fn.total):
             if self.global_rank == 0:
-                print(f"[train] lr schedule sized by this run: {total} steps, warmup {warmup} "
-                      f"(the checkpoint's run: {fn.total}, {fn.warmup})")  # fmt: skip
-            fn.warmup, fn.total = warmup, max(total, 1)
+                print(f"[train] lr schedule sized by this run: {mine.total} steps, warmup "
+                      f"{mine.warmup} (the checkpoint's run: {fn.total}, {fn.warmup})")  # fmt: skip
+            sched.lr_lambdas[0] = mine
