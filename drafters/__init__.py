@@ -9,7 +9,7 @@ The public API, for use beside a target outside this repository:
     result.output_ids, result.stats()               # equal to plain greedy; tau, alpha, ...
 
 The package, in the order data flows: target.py -> data/ -> models/, losses/ -> training/ ->
-export/ -> decoding/, speculate.py -> eval/; cli.py holds the console scripts.
+export/ -> decoding/, speculate.py -> eval/; cli/ holds the console scripts, a module each.
 """
 
 __version__ = "0.1.0"

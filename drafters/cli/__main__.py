@@ -1,0 +1,7 @@
+"""`python -m drafters.cli COMMAND ARGS`."""
+
+import sys
+
+from drafters.cli import main
+
+sys.exit(main())
