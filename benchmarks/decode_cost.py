@@ -49,7 +49,7 @@ FALCON_TREES = {  # nodes (depth); k = 2, so passes = ceil(depth / 2)
 
 def prompts(target, n: int) -> list[torch.Tensor]:
     from drafters.data.chat import render_prompt
-    from drafters.eval.bench import load_questions
+    from drafters.eval.questions import load_questions
 
     path = ROOT / "drafters/eval/prompts/mt_bench_question.jsonl"
     qs = load_questions(path, "mt_bench", 1, 0)[:n]

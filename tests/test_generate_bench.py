@@ -11,7 +11,7 @@ import torch
 from train_helpers import ROOT, compose_config, tiny_overrides
 
 from drafters.cli import bench_main
-from drafters.eval.bench import load_questions
+from drafters.eval.questions import load_questions
 from drafters.export import read_config
 
 
@@ -317,7 +317,7 @@ def test_bench_in_bf16_reports_agreement_not_lossless(tmp_path, tiny_exported):
 
 
 def test_drafter_specs_name_fixed_size_dynamic_trees():
-    from drafters.eval.bench import fixed_size_gate, split_drafter_spec
+    from drafters.eval.methods import fixed_size_gate, split_drafter_spec
     from drafters.speculate import dynamic_config
 
     assert split_drafter_spec("d/x@none,dynamic3,hybrid12") == (

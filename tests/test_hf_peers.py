@@ -4,7 +4,7 @@ confidence threshold reach HF's candidate generator, and the model's own setting
 import torch
 from transformers.generation import candidate_generator
 
-from drafters.eval.bench import hf_method
+from drafters.eval.methods import hf_method
 
 
 def test_early_exit_settings_reach_the_assistant(tiny, monkeypatch):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from train_helpers import ROOT
 
-from drafters.eval.bench import EVAL_DIR, load_questions, read_questions
+from drafters.eval.questions import EVAL_DIR, load_questions, read_questions
 
 SHA256 = {
     "mt_bench_question.jsonl": "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",

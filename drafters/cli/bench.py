@@ -23,6 +23,8 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def bench_args(argv: list[str] | None = None):
     from drafters.eval import bench as eval_bench
+    from drafters.eval.methods import BUILTIN_METHODS, GATE_CHOICES
+    from drafters.eval.questions import EVAL_DIR
 
     p = argparse.ArgumentParser(
         prog="drafters-bench",
@@ -32,7 +34,7 @@ def bench_args(argv: list[str] | None = None):
     p.add_argument("--bench", choices=["mt_bench", "spec_bench"], default="mt_bench")
     p.add_argument(
         "--eval-dir",
-        default=str(eval_bench.EVAL_DIR),
+        default=str(EVAL_DIR),
         help="holds <bench>_question.jsonl (default: the copies shipped in drafters/eval/prompts)",
     )
     p.add_argument(
@@ -49,7 +51,7 @@ def bench_args(argv: list[str] | None = None):
     p.add_argument(
         "--methods",
         nargs="*",
-        choices=eval_bench.BUILTIN_METHODS,
+        choices=BUILTIN_METHODS,
         default=["hf_greedy", "ar"],
         help="built-in methods (hf_greedy is the baseline of speedup and lossless)",
     )
@@ -62,7 +64,7 @@ def bench_args(argv: list[str] | None = None):
     p.add_argument(
         "--gates",
         nargs="+",
-        choices=eval_bench.GATE_CHOICES,
+        choices=GATE_CHOICES,
         default=["none", "default"],
         help="gate variants per head drafter (default: without gate and with its own gate)",
     )

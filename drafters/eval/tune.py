@@ -230,7 +230,7 @@ def sweep(target, prompts: list[dict], methods: list, max_new_tokens: int) -> di
 
 
 def tune_drafter(args, target, folder: str, prompts: list[dict], batches: list[dict]) -> dict:
-    from drafters.eval.bench import ar_method, drafter_method
+    from drafters.eval.methods import ar_method, drafter_method
     from drafters.export import load_drafter
 
     drafter = load_drafter(folder, target)
@@ -285,7 +285,7 @@ def dynamic_methods(target, drafter, sizes: list[int]) -> list:
     """The dynamic tree (`--gate budget`, no n-gram candidates) at each static tree's node count
     (`dynamic<n>`: the n best candidates by the drafter's own confidence every step, so τ
     compares the two at equal verify cost), and sized per step by the measured cost (`budget`)."""
-    from drafters.eval.bench import drafter_method, fixed_size_gate
+    from drafters.eval.methods import drafter_method, fixed_size_gate
 
     methods = []
     for n in sorted(set(sizes)):  # the bench's dynamic<n>, the same config
@@ -295,7 +295,7 @@ def dynamic_methods(target, drafter, sizes: list[int]) -> list:
 
 
 def tune_peers(args, target, prompts: list[dict]) -> dict:
-    from drafters.eval.bench import ar_method, hf_method
+    from drafters.eval.methods import ar_method, hf_method
 
     layers = target.config.num_hidden_layers
     methods = [ar_method(target), hf_method(target, "hf_greedy")]
