@@ -209,7 +209,7 @@ def test_bench_resumes_and_shards(tmp_path, capsys):
 def test_outputs_that_leave_the_baseline_are_reported_where_they_leave_it():
     """bf16 (or any dtype but fp32): agreement with the same-dtype baseline is measured per
     turn and listed, and the column does not say "lossless"."""
-    from drafters.eval.bench import first_divergence, mark_lossless
+    from drafters.eval.records import first_divergence, mark_lossless
     from drafters.eval.report import divergences, markdown, summarize
 
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None

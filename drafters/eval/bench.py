@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from drafters.eval.methods import Method, build_methods, split_drafter_spec
 from drafters.eval.questions import load_questions
-from drafters.eval.records import BASELINE, RecordStore, merge
+from drafters.eval.records import RecordStore, mark_lossless, merge
 from drafters.machine import describe
 
 
@@ -84,31 +84,6 @@ def run_question(target, method: Method, question: dict, turns: int, max_new_tok
         "tokens_per_s": new / seconds if seconds > 0 else float("nan"),
         "turns": records,
     }
-
-
-def first_divergence(ids: list[int], ref: list[int]) -> int | None:
-    """The index of the first token where `ids` leaves `ref` (a shorter or longer output leaves
-    it where it ends); None if equal."""
-    if ids == ref:
-        return None
-    return next((i for i, (a, b) in enumerate(zip(ids, ref, strict=False)) if a != b),
-                min(len(ids), len(ref)))  # fmt: skip
-
-
-def mark_lossless(records: list[dict]) -> None:
-    """Per turn and per question: equal to hf_greedy's output token for token (None without
-    the baseline), and per turn where it first differs (`first_divergence`). Drops the token
-    ids afterwards (the JSON keeps the decoded answers)."""
-    ref = next((r for r in records if r["method"] == BASELINE), None)
-    for r in records:
-        for i, t in enumerate(r["turns"]):
-            base = None if ref is None else ref["turns"][i]["_ids"]
-            t["lossless"] = None if base is None else t["_ids"] == base
-            t["first_divergence"] = None if base is None else first_divergence(t["_ids"], base)
-        r["lossless"] = None if ref is None else all(t["lossless"] for t in r["turns"])
-    for r in records:
-        for t in r["turns"]:
-            t.pop("_ids")
 
 
 def run(args) -> dict:

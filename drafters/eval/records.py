@@ -1,6 +1,7 @@
 """The benchmark's records: what makes a long `drafters-bench` run resumable and
 shardable. --out/run.json holds the run's settings and methods; --out/records/*.jsonl one line
-per finished question (every method's record), one file per process."""
+per finished question (every method's record), one file per process; each record marked lossless
+against the baseline's output (`mark_lossless`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,31 @@ from pathlib import Path
 from drafters.io_utils import create_exclusive
 
 BASELINE = "hf_greedy"
+
+
+def first_divergence(ids: list[int], ref: list[int]) -> int | None:
+    """The index of the first token where `ids` leaves `ref` (a shorter or longer output leaves
+    it where it ends); None if equal."""
+    if ids == ref:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(ids, ref, strict=False)) if a != b),
+                min(len(ids), len(ref)))  # fmt: skip
+
+
+def mark_lossless(records: list[dict]) -> None:
+    """Per turn and per question: equal to hf_greedy's output token for token (None without
+    the baseline), and per turn where it first differs (`first_divergence`). Drops the token
+    ids afterwards (the JSON keeps the decoded answers)."""
+    ref = next((r for r in records if r["method"] == BASELINE), None)
+    for r in records:
+        for i, t in enumerate(r["turns"]):
+            base = None if ref is None else ref["turns"][i]["_ids"]
+            t["lossless"] = None if base is None else t["_ids"] == base
+            t["first_divergence"] = None if base is None else first_divergence(t["_ids"], base)
+        r["lossless"] = None if ref is None else all(t["lossless"] for t in r["turns"])
+    for r in records:
+        for t in r["turns"]:
+            t.pop("_ids")
 
 
 class RecordStore:

@@ -35,8 +35,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from drafters.eval.bench import first_divergence
 from drafters.eval.questions import EVAL_DIR, load_questions
+from drafters.eval.records import first_divergence
 from drafters.machine import describe
 
 WORKER = Path(__file__).with_name("vllm_spec_worker.py")

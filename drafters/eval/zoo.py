@@ -57,8 +57,8 @@ def measure_tau(target, drafter, prompts=ZOO_PROMPTS, max_new_tokens=ZOO_MAX_NEW
     (new tokens - 1 over verification forwards, summed over prompts); raises ZooError when an
     output differs from the target's plain greedy output."""
     from drafters.data.chat import render_prompt
-    from drafters.eval.bench import first_divergence
     from drafters.eval.methods import hf_method
+    from drafters.eval.records import first_divergence
     from drafters.speculate import speculative_decode
 
     greedy = hf_method(target, "hf_greedy")
