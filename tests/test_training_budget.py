@@ -12,7 +12,8 @@ import torch
 from test_training_data import examples_of
 from train_helpers import compose_config, tiny_overrides
 
-from drafters.training.feature_cache import FeatureCache, FeatureCacheError, build_feature_cache
+from drafters.training.feature_cache import build_feature_cache
+from drafters.training.feature_store import FeatureCache, FeatureCacheError
 from drafters.training.module import DrafterLitModule
 from drafters.training.precision import resolve_precision
 from drafters.training.run import train

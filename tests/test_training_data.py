@@ -4,11 +4,8 @@ import torch
 from drafters.testing import tiny_target
 from drafters.training.datamodule import DistilledDataModule
 from drafters.training.examples import ConversationExamples, LengthBucketBatchSampler
-from drafters.training.feature_cache import (
-    FeatureCache,
-    FeatureCacheError,
-    build_feature_cache,
-)
+from drafters.training.feature_cache import build_feature_cache
+from drafters.training.feature_store import FeatureCache, FeatureCacheError
 
 
 def examples_of(target, dataset_dir, max_length=64):

@@ -19,7 +19,7 @@ from drafters.models.vocab import token_counts
 from drafters.target import Target
 from drafters.training.checks import require_dataset
 from drafters.training.examples import ConversationExamples, LengthBucketBatchSampler, collate
-from drafters.training.feature_cache import FeatureCache
+from drafters.training.feature_store import FeatureCache
 
 FEATURE_MODES = ("online", "offline")
 
