@@ -88,7 +88,7 @@ corpus: setup setup-vllm
 corpus-publish: setup
 	$(PY) data/distill.py $(CORPUS) stage=publish
 
-# The reference results (docs/results.md): distil, train 5 drafters, export, tune, benchmark,
+# The reference results (docs/results.md): distil, train 7 drafters, export, tune, benchmark,
 # report. Hours on a 2-core CPU; re-running resumes (benchmarks/results.sh says how).
 results: setup
 	benchmarks/results.sh

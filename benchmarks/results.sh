@@ -10,8 +10,10 @@
 #   train   the reference runs, each to convergence by one rule (below): Medusa; Cerberus with
 #           its learned gate (the gates read the target only, so its heads are also the no-gate,
 #           entropy-gate and budget-gate heads); Falcon k=2 teacher forcing only; Falcon k=2 and
-#           k=3 with decode-faithful CSGD; Falcon k=2 with the paper's CSGD (the ablation). LANES
-#           runs in parallel, one thread each. A run is done when its fit ended and exported.
+#           k=3 with decode-faithful CSGD; Falcon k=2 with the paper's CSGD (the ablation); Falcon
+#           k=1 in EAGLE-3's layout reading the fused target layers (falcon_eagle3_aux_smollm2: the
+#           best drafter vLLM serves from us, so our decoder measures it too). LANES runs in
+#           parallel, one thread each. A run is done when its fit ended and exported.
 #   export  drafters-export each run's best checkpoint (val/accept_len_est) into
 #           $OUT/drafters/<name>, with its tuned tree once tune has chosen one
 #   tune    drafters-tune on held-out ShareGPT (never the evaluation sets): top-k accuracies,
@@ -20,7 +22,8 @@
 #           and MT-Bench again in bf16 (its agreement with bf16 greedy reported, not assumed);
 #           max_new_tokens 256, every method in one run per table: HF greedy, HF prompt lookup,
 #           HF early exit, Medusa (+ hybrid tree), Cerberus (no gate, entropy, learned, budget +
-#           learned), the 4 Falcons (k=2 CSGD also with the hybrid tree)
+#           learned), the 5 Falcons (k=2 CSGD also with the hybrid tree, k=1 fused also with the
+#           budget gate)
 #   ship    the fastest lossless drafter of each kind on the fp32 MT-Bench table, in bf16, into
 #           zoo/smollm2_135m/<kind>/ with its τ on fixed prompts (drafters/eval/zoo.py), which
 #           tests/test_zoo.py holds it to
@@ -65,6 +68,7 @@ RUNS=(
   "falcon_k2|falcon_smollm2|drafter.model.k=2"
   "falcon_k3|falcon_smollm2|drafter.model.k=3"
   "falcon_k2_paper|falcon_smollm2|drafter.model.k=2 drafter.csgd.variant=paper"
+  "falcon_k1_aux|falcon_eagle3_aux_smollm2|"
 )
 DATA="data.max_train_tokens=$([ "$TOKENS" = all ] && echo null || echo "$TOKENS")"
 BUDGET="data.features=offline $DATA trainer.max_epochs=$EPOCHS trainer.max_steps=$MAX_STEPS \
@@ -87,15 +91,19 @@ lanes() {
   return $rc
 }
 
+# One cache serves every run: f and its entropy for all, and falcon_k1_aux's fused target layers
+# (aux files beside the shards, ~3x f's size: ~23 GB more for the whole corpus in bf16).
+FEATURES=falcon_eagle3_aux_smollm2
+
 stage_corpus() {
   make corpus PY="$PY" SHARDS="$LANES" 2>&1 | tee -a "$LOG/corpus.log"
   local cmds=() i
   for ((i = 0; i < LANES; i++)); do
-    cmds+=("$PY data/cache_features.py +experiment=falcon_smollm2 $DATA features_part=$i/$LANES \
+    cmds+=("$PY data/cache_features.py +experiment=$FEATURES $DATA features_part=$i/$LANES \
 >> $LOG/features_$i.log 2>&1")
   done
   lanes "${cmds[@]}"
-  $PY data/cache_features.py +experiment=falcon_smollm2 "$DATA" 2>&1 | tee -a "$LOG/corpus.log"
+  $PY data/cache_features.py +experiment=$FEATURES "$DATA" 2>&1 | tee -a "$LOG/corpus.log"
 }
 
 run_dir() { echo "logs/train/results_$1"; }
@@ -204,7 +212,7 @@ print(f'--prompt-lookup {p[\"prompt_lookup\"]} --early-exit-layer {p[\"early_exi
   echo "--methods hf_greedy hf_prompt_lookup hf_early_exit $peers \
 --drafter $d/medusa@none,hybrid --drafter $d/cerberus@none,entropy,learned,budget+learned \
 --drafter $d/falcon_k2_tf@none --drafter $d/falcon_k2@none,hybrid --drafter $d/falcon_k3@none \
---drafter $d/falcon_k2_paper@none --max-new-tokens 256 --turns 2 --threads $BENCH_THREADS"
+--drafter $d/falcon_k2_paper@none --drafter $d/falcon_k1_aux@none,budget --max-new-tokens 256 --turns 2 --threads $BENCH_THREADS"
 }
 
 # name | drafters-bench arguments of the table (besides bench_args)

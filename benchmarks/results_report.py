@@ -29,7 +29,15 @@ from drafters.eval.report import (
 from drafters.machine import describe
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("medusa", "cerberus", "falcon_k2_tf", "falcon_k2", "falcon_k3", "falcon_k2_paper")
+RUNS = (
+    "medusa",
+    "cerberus",
+    "falcon_k2_tf",
+    "falcon_k2",
+    "falcon_k3",
+    "falcon_k2_paper",
+    "falcon_k1_aux",
+)
 RUN_TEXT = {
     "medusa": "Medusa, 4 heads (1 ResBlock each)",
     "cerberus": "Cerberus, 4 heads + learned gate (heads shared by the no-gate and entropy rows)",
@@ -37,6 +45,7 @@ RUN_TEXT = {
     "falcon_k2": "Falcon k=2, decode-faithful CSGD",
     "falcon_k3": "Falcon k=3, decode-faithful CSGD",
     "falcon_k2_paper": "Falcon k=2, the paper's CSGD (ablation)",
+    "falcon_k1_aux": "Falcon k=1 in EAGLE-3's layout over fused target layers 2, 15, 27",
 }
 
 

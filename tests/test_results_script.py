@@ -12,11 +12,20 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 from train_helpers import ROOT, compose_config
 
 from drafters.cli import bench_args, tune_args
 
-RUNS = ["medusa", "cerberus", "falcon_k2_tf", "falcon_k2", "falcon_k3", "falcon_k2_paper"]
+RUNS = [
+    "medusa",
+    "cerberus",
+    "falcon_k2_tf",
+    "falcon_k2",
+    "falcon_k3",
+    "falcon_k2_paper",
+    "falcon_k1_aux",
+]
 TABLES = {"mt_bench": "float32", "spec_bench": "float32", "mt_bench_bf16": "bfloat16"}
 PEERS = {
     "prompt_lookup": 3,
@@ -60,7 +69,12 @@ def test_every_run_composes_with_one_training_budget(commands):
         assert argv[0] == "train.py"
         cfgs[name] = compose_config("train", argv[1:])
         assert cfgs[name].run_name == f"results_{name}" and cfgs[name].ckpt_path == "last"
-    budget = {n: (c.data, c.trainer, c.optim, c.callbacks.early_stopping) for n, c in cfgs.items()}
+
+    def data(cfg):  # what the run trains on; aux_layers is which target features it reads
+        return {k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items()
+                if k != "aux_layers"}  # fmt: skip
+
+    budget = {n: (data(c), c.trainer, c.optim, c.callbacks.early_stopping) for n, c in cfgs.items()}
     assert all(b == budget["medusa"] for b in budget.values()), "runs differ in their budget"
     medusa = cfgs["medusa"]
     # the experiments' rule: up to 10 epochs and a 2,000-step cap, validation every 100 steps on
@@ -77,6 +91,8 @@ def test_every_run_composes_with_one_training_budget(commands):
     assert cfgs["falcon_k2_tf"].drafter.csgd.teacher_forcing_only
     assert not cfgs["falcon_k2"].drafter.csgd.teacher_forcing_only
     assert [cfgs[n].drafter.csgd.variant for n in falcons[1:]] == ["decode", "decode", "paper"]
+    fused = cfgs["falcon_k1_aux"].drafter.model  # EAGLE-3's layout over fused target layers
+    assert (fused.k, fused.fusion, list(fused.aux_layers)) == (1, "eagle3", [2, 15, 27])
 
 
 def test_tune_and_bench_commands_parse(commands, tmp_path):
@@ -98,6 +114,7 @@ def test_tune_and_bench_commands_parse(commands, tmp_path):
         assert names == RUNS
         assert args.drafter[1].endswith("@none,entropy,learned,budget+learned")
         assert args.drafter[0].endswith("@none,hybrid") and args.drafter[3].endswith("@none,hybrid")
+        assert args.drafter[6].endswith("@none,budget")
     assert bench_args(commands["bench spec_bench"][3:]).per_category == 10
     ship = commands["ship"]
     assert ship[:4] == ["-m", "drafters.eval.zoo", "ship", "--bench"]
@@ -116,7 +133,6 @@ def test_at_a_token_budget_the_runs_are_the_scaling_and_ablation_runs(tmp_path):
     its Medusa and Falcon runs and the Falcon ablation's, so results.sh reuses those finished
     runs (linked as results_<name>) instead of training them again; a finished run is found by
     `heldout.py finished` whatever its reporting settings (log_every_n_steps, progress bar)."""
-    from omegaconf import OmegaConf
     from train_helpers import load_script
 
     heldout = load_script("benchmarks/heldout.py")
@@ -140,6 +156,7 @@ def test_at_a_token_budget_the_runs_are_the_scaling_and_ablation_runs(tmp_path):
                                           "drafter.csgd.variant=decode"]),
         "falcon_k2_paper": ("falcon_smollm2", [*scaling, "drafter.model.k=2",
                                                 "drafter.csgd.variant=paper"]),
+        "falcon_k1_aux": ("falcon_eagle3_aux_smollm2", scaling),
     }  # fmt: skip
     for name, (exp, over) in expect.items():
         ours = heldout.training_config(train[name][0], [f"paths.log_dir={logs}", *train[name][1]])
