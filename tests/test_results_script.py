@@ -13,19 +13,12 @@ import sys
 
 import pytest
 from omegaconf import OmegaConf
-from train_helpers import ROOT, compose_config
+from train_helpers import ROOT, compose_config, load_script
 
 from drafters.cli import bench_args, tune_args
 
-RUNS = [
-    "medusa",
-    "cerberus",
-    "falcon_k2_tf",
-    "falcon_k2",
-    "falcon_k3",
-    "falcon_k2_paper",
-    "falcon_k1_aux",
-]
+# the runs results.sh trains, as the report reads them
+RUNS = list(load_script("benchmarks/results_report.py").RUNS)
 TABLES = {"mt_bench": "float32", "spec_bench": "float32", "mt_bench_bf16": "bfloat16"}
 PEERS = {
     "prompt_lookup": 3,
@@ -133,8 +126,6 @@ def test_at_a_token_budget_the_runs_are_the_scaling_and_ablation_runs(tmp_path):
     its Medusa and Falcon runs and the Falcon ablation's, so results.sh reuses those finished
     runs (linked as results_<name>) instead of training them again; a finished run is found by
     `heldout.py finished` whatever its reporting settings (log_every_n_steps, progress bar)."""
-    from train_helpers import load_script
-
     heldout = load_script("benchmarks/heldout.py")
     res = plan(tmp_path / "out", TOKENS="1000000")
     assert res.returncode == 0, res.stderr
