@@ -48,17 +48,25 @@ import torch
 # ---- held-out accuracies ------------------------------------------------------------------------
 
 
-def heldout_batches(target, dataset_dir: str, cache_dir: str, max_length: int, val_fraction: float):
+def heldout_batches(
+    target, dataset_dir: str, cache_dir: str, max_length: int, val_fraction: float, aux_layers=None
+):
     """Batches of the distilled corpus's held-out conversations (the training runs' validation
-    split), with their cached target features."""
+    split), with their cached target features; with aux_layers (an EAGLE-3 drafter's fused
+    target layers, `aux_layers_of`) those layers' hidden states too, as the drafter reads them."""
     from drafters.training.datamodule import DistilledDataModule
 
     dm = DistilledDataModule(
         dataset_dir, max_length=max_length, batch_size=4, val_fraction=val_fraction,
-        features="offline", cache_dir=cache_dir,
+        features="offline", cache_dir=cache_dir, aux_layers=aux_layers,
     ).attach(target)  # fmt: skip
     dm.setup()
     return list(dm.val_dataloader())
+
+
+def aux_layers_of(drafter) -> tuple[int, ...] | None:
+    """The target layers an EAGLE-3 drafter fuses (its features come wide), else None."""
+    return getattr(getattr(drafter.model, "cfg", None), "aux_layers", None) or None
 
 
 def _rank_of(logits: torch.Tensor, labels: torch.Tensor, vocab=None) -> torch.Tensor:
@@ -229,12 +237,17 @@ def sweep(target, prompts: list[dict], methods: list, max_new_tokens: int) -> di
 # ---- entry point ----------------------------------------------------------------------------
 
 
-def tune_drafter(args, target, folder: str, prompts: list[dict], batches: list[dict]) -> dict:
+def tune_drafter(args, target, folder: str, prompts: list[dict], batches: dict) -> dict:
+    """batches: aux layers -> held-out batches carrying those features, filled as needed."""
     from drafters.eval.methods import ar_method, drafter_method
     from drafters.export import load_drafter
 
     drafter = load_drafter(folder, target)
-    acc, totals = topk_accuracy(drafter, target, batches, args.topk)
+    aux = aux_layers_of(drafter)
+    if aux not in batches:
+        batches[aux] = heldout_batches(target, args.dataset_dir, args.cache_dir, args.max_length,
+                                       args.val_fraction, aux)  # fmt: skip
+    acc, totals = topk_accuracy(drafter, target, batches[aux], args.topk)
     positions = totals[0] if drafter.kind == "falcon" else min(totals)  # roots / head positions
     print(f"[tune] {drafter.name}: top-1 accuracy per depth "
           f"{[round(r[0], 3) for r in acc]} over {positions} held-out roots or positions",
@@ -355,8 +368,7 @@ def tune(args) -> None:
             args.snapped_sizes = snap_sizes(profile, args.sizes)
             print(f"[tune] forward cost by rows t(n)/t(1): {[round(x, 2) for x in profile]}; "
                   f"tree sizes {args.sizes} -> {args.snapped_sizes}", file=sys.stderr)  # fmt: skip
-        batches = heldout_batches(target, args.dataset_dir, args.cache_dir, args.max_length,
-                                  args.val_fraction)  # fmt: skip
+        batches: dict = {}
         for folder in args.drafter:
             tune_drafter(args, target, folder, prompts, batches)
     print(f"[tune] done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
