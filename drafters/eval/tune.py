@@ -102,7 +102,8 @@ def falcon_depth_counts(model, target, batch: dict, topk: int):
     from drafters.losses.own_blocks import depth_counts
 
     k, embed = model.cfg.k, target.embed_tokens
-    f = batch["features"].to(next(model.parameters()).dtype)
+    # true inputs as training reads them: f, or EAGLE-3's fused features from wide ones
+    f = model.inputs(batch["features"].to(next(model.parameters()).dtype))
     ids, lmask, attn = batch["input_ids"], batch["loss_mask"], batch["attention_mask"]
     pos, nxt = default_position_ids(attn, ids), shift_left(ids, 1)
     valid, labels = falcon_valid(lmask, k), shift_left(ids, k + 1)

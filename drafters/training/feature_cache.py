@@ -37,7 +37,7 @@ from drafters.training.feature_store import (
     DTYPES,
     FeatureCacheError,
     aux_path,
-    check_aux_layers,
+    check_cached_aux,
     other_examples,
     read_index,
     shards,
@@ -76,7 +76,7 @@ def _check_meta(folder: Path, meta: dict, target: Target) -> dict:
                 f"feature cache {folder} holds {key}={old.get(key)!r}, not {meta[key]!r}; "
                 "delete it or choose another data.cache_dir"
             )
-    check_aux_layers(folder, old.get("aux_layers"), meta.get("aux_layers"))
+    check_cached_aux(folder, old.get("aux_layers"), meta.get("aux_layers"))
     return old
 
 

@@ -72,7 +72,7 @@ def read_index(folder: Path) -> dict[str, tuple]:
     return index
 
 
-def check_aux_layers(folder: Path, cached, wanted) -> None:
+def check_cached_aux(folder: Path, cached, wanted) -> None:
     if cached and wanted and list(cached) != list(wanted):
         raise FeatureCacheError(
             f"feature cache {folder} holds aux layers {list(cached)}, not {list(wanted)}; delete "
@@ -147,7 +147,7 @@ class FeatureCache:
             if self.aux_layers and aux_path(idx).exists():
                 self.aux_shards[s] = np.load(aux_path(idx), mmap_mode="r")
         if self.aux_layers:
-            check_aux_layers(self.folder, meta.get("aux_layers"), self.aux_layers)
+            check_cached_aux(self.folder, meta.get("aux_layers"), self.aux_layers)
             lacking = {self.index[e.key][0] for e in examples} - set(self.aux_shards)
             if lacking or not meta.get("aux_layers"):
                 raise FeatureCacheError(
