@@ -228,12 +228,13 @@ def heldout_depths(
     """Per-depth top-1 rates of the run's drafter on the validation split of a distilled corpus
     (its offline feature cache): heads, P(head d right); Falcon, as decoded, P(depth d right |
     the depths above right)."""
-    from drafters.eval.tune import aux_layers_of, heldout_batches, topk_accuracy
+    from drafters.eval.tune import heldout_batches, topk_accuracy
     from drafters.export import load_drafter
+    from drafters.models import aux_layers_of
 
     d = load_drafter(run_dir / "drafter", target)
     batches = heldout_batches(target, str(dataset_dir), str(cache_dir), max_length, val_fraction,
-                              aux_layers_of(d))  # fmt: skip
+                              aux_layers_of(d.model))  # fmt: skip
     acc, _ = topk_accuracy(d, target, batches, topk=1)
     return [round(row[0], 4) for row in acc]
 

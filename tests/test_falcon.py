@@ -99,6 +99,9 @@ def test_eagle3_fused_features_replace_f_on_true_inputs_only():
     torch.testing.assert_close(m(wide, t, embed), m(torch.cat([f * 5, h], -1), t, embed))
     assert m.inputs(f) is f
     assert plain.inputs(wide) is wide  # no aux layers: nothing to fuse
+    short = rf"width {2 * D}: .* layers \(3, 5\), so true features come {3 * D} wide"
+    with pytest.raises(ValueError, match=short):
+        m.inputs(wide[..., : 2 * D])  # one aux layer short
     for kw in (dict(fusion="linear", aux_layers=[3]), dict(fusion="eagle3", aux_layers=[])):
         with pytest.raises(ValueError, match="needs fusion='eagle3' and at least one layer"):
             _cfg(**kw)

@@ -47,6 +47,7 @@ from drafters.decoding.linears import fitted, project
 from drafters.decoding.ngram import NgramIndex
 from drafters.decoding.result import DecodeResult, Generation
 from drafters.decoding.verify import verify_tree
+from drafters.models import aux_layers_of
 from drafters.models.gate import LearnedGate
 from drafters.models.vocab import to_target
 from drafters.target import Target
@@ -327,7 +328,7 @@ def decode_dynamic(
     index = NgramIndex(max(cfg.ngram, 1))
     calib = Calibration()
     cache = new_cache(target)
-    aux = getattr(getattr(drafter, "cfg", None), "aux_layers", None)  # EAGLE-3: f comes wide
+    aux = aux_layers_of(drafter)  # EAGLE-3's fused layers: f comes wide
     d = target.hidden_size
     f = target_forward(target, cache, input_ids, aux_layers=aux)  # (1, T, d)
     logits = project(target.lm_head, f[:, -1:, :d])  # (1, 1, V): the target's at the last position

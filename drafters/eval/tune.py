@@ -53,7 +53,8 @@ def heldout_batches(
 ):
     """Batches of the distilled corpus's held-out conversations (the training runs' validation
     split), with their cached target features; with aux_layers (an EAGLE-3 drafter's fused
-    target layers, `aux_layers_of`) those layers' hidden states too, as the drafter reads them."""
+    target layers, `drafters.models.aux_layers_of`) those layers' hidden states too, as the
+    drafter reads them."""
     from drafters.training.datamodule import DistilledDataModule
 
     dm = DistilledDataModule(
@@ -62,11 +63,6 @@ def heldout_batches(
     ).attach(target)  # fmt: skip
     dm.setup()
     return list(dm.val_dataloader())
-
-
-def aux_layers_of(drafter) -> tuple[int, ...] | None:
-    """The target layers an EAGLE-3 drafter fuses (its features come wide), else None."""
-    return getattr(getattr(drafter.model, "cfg", None), "aux_layers", None) or None
 
 
 def _rank_of(logits: torch.Tensor, labels: torch.Tensor, vocab=None) -> torch.Tensor:
@@ -242,9 +238,10 @@ def tune_drafter(args, target, folder: str, prompts: list[dict], batches: dict) 
     """batches: aux layers -> held-out batches carrying those features, filled as needed."""
     from drafters.eval.methods import ar_method, drafter_method
     from drafters.export import load_drafter
+    from drafters.models import aux_layers_of
 
     drafter = load_drafter(folder, target)
-    aux = aux_layers_of(drafter)
+    aux = aux_layers_of(drafter.model)
     if aux not in batches:
         batches[aux] = heldout_batches(target, args.dataset_dir, args.cache_dir, args.max_length,
                                        args.val_fraction, aux)  # fmt: skip

@@ -31,6 +31,12 @@ DRAFTERS: dict[str, tuple[type, type[nn.Module]]] = {
 HEAD_KINDS = ("medusa", "cerberus")
 
 
+def aux_layers_of(model: nn.Module) -> tuple[int, ...] | None:
+    """The target layers a drafter fuses (a Falcon in EAGLE-3's layout with `aux_layers`: its
+    true input features come wide, `drafters.target.with_aux`), else None."""
+    return getattr(getattr(model, "cfg", None), "aux_layers", None) or None
+
+
 def build_drafter(kind: str, cfg_dict: dict) -> nn.Module:
     """The drafter `kind` ("medusa", "cerberus", "falcon") from its config as a plain dict
     (e.g. `dataclasses.asdict(module.cfg)` stored in a checkpoint). Unknown keys are an error."""

@@ -232,7 +232,14 @@ class FalconDrafter(nn.Module):
         d = self.cfg.hidden_size
         if self.fc is None or features.shape[-1] == d:
             return features
-        aux = features[..., d:].to(self.fc.weight.dtype).chunk(len(self.fc_norm), dim=-1)
+        n = len(self.fc_norm)
+        if features.shape[-1] != (1 + n) * d:
+            raise ValueError(
+                f"features of width {features.shape[-1]}: this drafter fuses target layers "
+                f"{self.cfg.aux_layers}, so true features come {(1 + n) * d} wide ([f ; h_i], "
+                f"Target.features(aux_layers=...)) and its own outputs {d} wide"
+            )
+        aux = features[..., d:].to(self.fc.weight.dtype).chunk(n, dim=-1)
         return self.fc(
             torch.cat([norm(h) for norm, h in zip(self.fc_norm, aux, strict=True)], dim=-1)
         )
