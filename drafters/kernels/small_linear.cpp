@@ -138,9 +138,11 @@ static void run(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, torc
   const T* xp = reinterpret_cast<const T*>(x.data_ptr());
   const T* w = reinterpret_cast<const T*>(wp.data_ptr());
   T* yp = reinterpret_cast<T*>(y.data_ptr());
-  at::parallel_for(0, (P + GROUP - 1) / GROUP, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {  // GROUP panels (their weights stay in L2 across rows)
-      const int64_t p = g * GROUP, np = std::min<int64_t>(GROUP, P - p), n0 = p * VEC;
+  // each thread a contiguous run of panels (an even share: SmolLM2's 576 outputs are 36 panels,
+  // 3 groups, which two threads would split 2:1), taken GROUP panels at a time
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; p += GROUP) {  // GROUP panels (their weights stay in L2 across rows)
+      const int64_t np = std::min<int64_t>(GROUP, p1 - p), n0 = p * VEC;
       const int64_t ncols = std::min<int64_t>(N - n0, np * VEC);
       const T* wg = w + p * K * VEC;
       const int64_t full = M / RMAX * RMAX;

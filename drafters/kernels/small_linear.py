@@ -36,7 +36,12 @@ from drafters.machine import processor_features, processor_name
 
 SOURCE = Path(__file__).with_name("small_linear.cpp")
 # fused multiply-adds everywhere, so every tile runs the same operations (batch invariance)
-CFLAGS = ["-O3", "-march=native", "-ffp-contract=fast"]
+# -fopenmp: at::parallel_for splits the panels over torch's threads only when compiled with
+# OpenMP (without it the kernel ran on one thread whatever torch.set_num_threads said); linked
+# with -fopenmp the build needs libgomp.so.1, which resolves to the one torch already loaded, so
+# torch.set_num_threads governs it
+CFLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
 _PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()  # weight -> (its state, packed copy)
 
 
@@ -64,7 +69,7 @@ def _module(flags: tuple[str, ...] = tuple(CFLAGS)):
     venv_bin = str(Path(sys.executable).parent)  # ninja installed beside this interpreter
     if venv_bin not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
-    return load(name, [str(SOURCE)], extra_cflags=list(flags),
+    return load(name, [str(SOURCE)], extra_cflags=list(flags), extra_ldflags=LDFLAGS,
                 build_directory=str(folder), verbose=False)  # fmt: skip
 
 
