@@ -214,7 +214,7 @@ def bench_tables(folder: Path, fig_dir: Path, tag: str) -> tuple[list[str], dict
              category_grid(rows_all), "",
              f"![speedup by category](results/{tag}_speedup.png)",
              f"![accepted lengths](results/{tag}_accept_lengths.png)"]  # fmt: skip
-    return lines, {"all": overall, "first": first, "complete": complete}
+    return lines, {"all": overall, "first": first, "complete": complete, "drafters": drafters}
 
 
 # ---- the claims ---------------------------------------------------------------------------------
@@ -259,22 +259,19 @@ def claim_lines(rows: list[dict]) -> list[str]:
     ]
 
 
-# Results v2's goals (fp32, lossless on every turn): (what, measured, target); measured from a
-# table's "all" rows is (value, the method it comes from) or None when a method is missing.
+# Results v2's goals (fp32, lossless on every turn): (what, measured, target); measured(drafters'
+# rows, peers' rows) by method, from a table's "all" rows, is (value, the method it comes from)
+# or None when a method is missing.
 GOALS = (
-    ("Falcon τ", lambda by: _best(by, "tau", "falcon"), 3.0),
-    ("Falcon speedup over HF greedy", lambda by: _best(by, "speedup", "falcon"), 1.6),
-    ("best drafter over HF prompt lookup", lambda by: _over(by, _best(by, "speedup", ""),
-                                                            "hf_prompt_lookup", "speedup"), 1.3),
-    ("Cerberus heads over Medusa heads, no gate", lambda by: _over(
+    ("Falcon τ", lambda by, peers: _best(by, "tau", "falcon"), 3.0),
+    ("Falcon speedup over HF greedy", lambda by, peers: _best(by, "speedup", "falcon"), 1.6),
+    ("best drafter over HF prompt lookup", lambda by, peers: _over(
+        peers, _best(by, "speedup", ""), "hf_prompt_lookup", "speedup"), 1.3),
+    ("Cerberus heads over Medusa heads, no gate", lambda by, peers: _over(
         by, _get(by, "cerberus", "speedup"), "medusa", "speedup"), 1.1),
-    ("decode-faithful CSGD τ over teacher forcing", lambda by: _over(
+    ("decode-faithful CSGD τ over teacher forcing", lambda by, peers: _over(
         by, _get(by, "falcon_k2", "tau"), "falcon_k2_tf", "tau"), 1.1),
 )  # fmt: skip
-
-
-def _is_drafter(method: str) -> bool:
-    return method != "ar" and not method.startswith("hf_")
 
 
 def _get(by: dict, method: str, key: str):
@@ -283,9 +280,10 @@ def _get(by: dict, method: str, key: str):
 
 
 def _best(by: dict, key: str, prefix: str):
-    """The lossless drafter method starting with prefix with the highest `key`."""
-    cands = [r for m, r in by.items() if _is_drafter(m) and m.startswith(prefix)
-             and r["lossless"] and r[key] is not None]  # fmt: skip
+    """The lossless drafter method starting with prefix with the highest `key` (`by` holds the
+    drafters' rows only)."""
+    cands = [r for m, r in by.items() if m.startswith(prefix) and r["lossless"]
+             and r[key] is not None]  # fmt: skip
     r = max(cands, key=lambda r: r[key], default=None)
     return None if r is None else (r[key], r["method"])
 
@@ -297,14 +295,16 @@ def _over(by: dict, num, den_method: str, key: str):
     return num[0] / den[0], f"{num[1]} / {den_method}"
 
 
-def goal_lines(rows: list[dict]) -> list[str]:
-    """Each goal of results v2 against one table's "all" rows: met, or missed by how much. Only
-    lossless methods count for the best-of goals; a ratio names the methods it divides."""
-    by = {r["method"]: r for r in rows}
-    lossy = [m for m, r in by.items() if _is_drafter(m) and r["lossless"] is False]
+def goal_lines(rows: list[dict], drafters: list[str]) -> list[str]:
+    """Each goal of results v2 against one table's "all" rows: met, or missed by how much.
+    drafters: the drafter methods (the rest are peers). Only lossless drafters count for the
+    best-of goals; a ratio names the methods it divides."""
+    by = {r["method"]: r for r in rows if r["method"] in drafters}
+    peers = {r["method"]: r for r in rows if r["method"] not in drafters}
+    lossy = [m for m, r in by.items() if r["lossless"] is False]
     lines = ["| goal | measured | from | target | verdict |", "|---|---:|---|---:|---|"]
     for what, measure, target in GOALS:
-        got = measure(by)
+        got = measure(by, peers)
         if got is None:
             lines.append(f"| {what} | - | not measured | {target} | cannot be judged |")
             continue
@@ -382,7 +382,7 @@ def build(
         summary[tag] = rows
         if rows and not tag.endswith("_bf16"):  # the claims are judged lossless, in fp32
             blocks[f"claims_{tag}"] = claim_lines(rows["all"])
-            blocks[f"goals_{tag}"] = goal_lines(rows["all"])
+            blocks[f"goals_{tag}"] = goal_lines(rows["all"], rows["drafters"])
     blocks["zoo"] = zoo_lines(ROOT / "zoo")
     blocks["scaling"] = scaling_lines(scaling)
     doc = out.read_text() if out.is_file() else "# Reference results on the embedded target\n"

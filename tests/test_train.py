@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra.utils import instantiate
-from train_helpers import ROOT, compose_config, tiny_overrides
+from train_helpers import EAGLE3_AUX, ROOT, compose_config, tiny_overrides
 
 from drafters.training.run import build_module, train
 
@@ -144,10 +144,6 @@ def test_resume_continues_the_same_data_order(tmp_path, tiny, tiny_distilled):
     resumed = seen["first"] + seen["rest"]
     assert len(resumed) == len(seen["whole"])
     assert all(torch.equal(a, b) for a, b in zip(resumed, seen["whole"], strict=True))
-
-
-EAGLE3_AUX = ("drafter=falcon", "drafter.model.k=1", "drafter.model.fusion=eagle3",
-              "drafter.model.aux_layers=[1]")  # fmt: skip
 
 
 @pytest.mark.parametrize("extra", [(), EAGLE3_AUX], ids=["default", "eagle3_aux"])

@@ -75,16 +75,14 @@ def test_tune_rates_a_fused_falcon_as_training_validates_it(tmp_path, tiny, tiny
 
     import torch
     from hydra.utils import instantiate
-    from train_helpers import compose_config, tiny_overrides
+    from train_helpers import EAGLE3_AUX, compose_config, tiny_overrides
 
     from drafters.eval.tune import heldout_batches, topk_accuracy
     from drafters.models import aux_layers_of
     from drafters.training.feature_cache import build_feature_cache
     from drafters.training.run import build_module
 
-    aux = ("drafter=falcon", "drafter.model.k=1", "drafter.model.fusion=eagle3",
-           "drafter.model.aux_layers=[1]")  # fmt: skip
-    cfg = compose_config("train", tiny_overrides(tmp_path, tiny_distilled, *aux))
+    cfg = compose_config("train", tiny_overrides(tmp_path, tiny_distilled, *EAGLE3_AUX))
     dm = instantiate(cfg.data).attach(tiny)
     dm.setup()
     cache = Path(cfg.data.cache_dir)

@@ -18,6 +18,11 @@ def compose_config(name: str, overrides: list[str]):
     return cfg
 
 
+# Falcon k=1 in EAGLE-3's layout reading the tiny target's layer 1 beside f (fused features)
+EAGLE3_AUX = ("drafter=falcon", "drafter.model.k=1", "drafter.model.fusion=eagle3",
+              "drafter.model.aux_layers=[1]")  # fmt: skip
+
+
 def tiny_overrides(tmp_path, dataset_dir, *extra: str) -> list[str]:
     return [
         "target=tiny",
