@@ -34,9 +34,10 @@
 # MAX_STEPS optimizer steps, validation every 100 steps on 64 held-out batches, early stopping
 # when the held-out acceptance estimate (val/accept_len_est) has not improved for 4 validations;
 # the drafter is the best checkpoint on it (conf/callbacks/); fit_end.json says what ended a run.
-# Knobs (environment): PY, LANES (parallel lanes for train/tune; default 2 on 2 cores),
+# Knobs (environment): PY, LANES (parallel lanes for corpus/train; default 2 on 2 cores),
 # BENCH_LANES (default 1: the benchmark gives one request the whole machine, BENCH_THREADS =
-# cores / BENCH_LANES threads, as a user would run it; more lanes are faster and are labelled),
+# cores / BENCH_LANES threads, as a user would run it; more lanes are faster and are labelled;
+# tune runs in the same lanes at the same threads, since it picks trees by measured speed),
 # EPOCHS, MAX_STEPS, TOKENS (answer tokens trained on: all, the default, or N for the nested
 # subset data_scaling.py's run at N also trains on; a finished run with the same training config
 # is reused, not retrained), TABLES (which benchmark tables, default all three), OUT
@@ -180,11 +181,13 @@ tune_one() {  # NAME (a run) or "peers"; skipped when its result is newer than t
   $(tune_cmd "$args") > "$LOG/tune_$name.log" 2>&1
   echo "[results] tune $name: done"
 }
-tune_cmd() { echo "$PY -m drafters.cli tune $1 --out $OUT/tune --threads 1"; }
+# at the bench's threads: the trees and the peers' knobs are chosen by speed, and what is fastest
+# depends on the threads (a linear's measured form, drafters/decoding/linears.py)
+tune_cmd() { echo "$PY -m drafters.cli tune $1 --out $OUT/tune --threads $BENCH_THREADS"; }
 export -f tune_one tune_cmd ckpt
-export OUT
+export OUT BENCH_THREADS
 
-stage_tune() {  # on held-out ShareGPT only; then re-export with the chosen trees
+stage_tune() {  # on held-out ShareGPT only, BENCH_LANES at a time; then re-export with the chosen trees
   mkdir -p "$OUT/tune"
   local cmds=(tune_one\ peers) spec name exp extra
   for spec in "${RUNS[@]}"; do
@@ -193,7 +196,7 @@ stage_tune() {  # on held-out ShareGPT only; then re-export with the chosen tree
     [ -f "$OUT/drafters/$name/config.json" ] || export_one "$name"
     cmds+=("tune_one $name")
   done
-  lanes "${cmds[@]}"
+  LANES=$BENCH_LANES lanes "${cmds[@]}"
   export_all
 }
 

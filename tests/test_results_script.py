@@ -92,7 +92,8 @@ def test_tune_and_bench_commands_parse(commands, tmp_path):
     for name in [*RUNS, "peers"]:
         argv = commands[f"tune {name}"]
         assert argv[:3] == ["-m", "drafters.cli", "tune"]
-        tune_args(argv[3:])
+        # trees and knobs are picked by speed, at the threads the bench runs them with
+        assert tune_args(argv[3:]).threads == len(os.sched_getaffinity(0))
     for table, dtype in TABLES.items():
         argv = commands[f"bench {table}"]
         assert argv[:3] == ["-m", "drafters.cli", "bench"]
