@@ -60,6 +60,10 @@ SHIP_BENCH=${SHIP_BENCH:-$OUT/bench/mt_bench}  # the finished bench run ship pic
 ZOO=${ZOO:-zoo/smollm2_135m}
 LOG=$OUT/logs
 mkdir -p "$LOG"
+# The linears' measured forms (drafters/decoding/linears.py) are timed on first use and kept in
+# this file: measured by tune, which runs alone at the bench's threads, and reused by the bench;
+# not the user's file, where plans may have been timed while other jobs loaded the machine
+export DRAFTERS_KERNEL_CACHE=${DRAFTERS_KERNEL_CACHE:-$OUT/kernels.json}
 
 # name | experiment | extra overrides
 RUNS=(
