@@ -29,6 +29,9 @@
 #           tests/test_zoo.py holds it to
 #   report  docs/results.md from the bench and training outputs
 #   plan    (not in the default list) print the train, tune and bench commands; runs nothing
+#   keep    (after train, tune and bench, and by hand before a session ends) copy what is finished
+#           into $KEEP (data/reference/results: bf16 drafters, tune results, bench records) to
+#           commit; restore (before the first stage) brings it back on a new machine or clone
 # The budget rule, the same for every run: the same corpus, batch (4 x up to 512 tokens) and
 # schedule: the *_smollm2 experiments' (README: Budget): up to EPOCHS epochs and at most
 # MAX_STEPS optimizer steps, validation every 100 steps on 64 held-out batches, early stopping
@@ -41,9 +44,9 @@
 # EPOCHS, MAX_STEPS, TOKENS (answer tokens trained on: all, the default, or N for the nested
 # subset data_scaling.py's run at N also trains on; a finished run with the same training config
 # is reused, not retrained), TABLES (which benchmark tables, default all three), OUT
-# (outputs/results), ZOO (zoo/smollm2_135m), SHIP_BENCH (the bench run ship picks from, default
-# the fp32 MT-Bench table; any finished drafters-bench run, e.g. a smaller one while the
-# reference tables are still running).
+# (outputs/results), KEEP (data/reference/results), ZOO (zoo/smollm2_135m), SHIP_BENCH (the
+# bench run ship picks from, default the fp32 MT-Bench table; any finished drafters-bench run,
+# e.g. a smaller one while the reference tables are still running).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,6 +62,7 @@ OUT=${OUT:-outputs/results}
 SHIP_BENCH=${SHIP_BENCH:-$OUT/bench/mt_bench}  # the finished bench run ship picks from
 ZOO=${ZOO:-zoo/smollm2_135m}
 LOG=$OUT/logs
+KEEP=${KEEP:-data/reference/results}  # committed: what is finished survives a replaced machine
 mkdir -p "$LOG"
 # The linears' measured forms (drafters/decoding/linears.py) are timed on first use and kept in
 # this file: measured by tune, which runs alone at the bench's threads, and reused by the bench;
@@ -265,6 +269,11 @@ stage_report() {
   $PY benchmarks/results_report.py --results "$OUT" --out docs/results.md
 }
 
+# The committed copy of what is finished (benchmarks/results_keep.py): a machine replaced between
+# sessions loses outputs/ and logs/, and the stages take longer than one session
+stage_restore() { $PY benchmarks/results_keep.py restore --out "$OUT" --logs logs/train --keep "$KEEP"; }
+stage_keep() { $PY benchmarks/results_keep.py keep --out "$OUT" --logs logs/train --keep "$KEEP"; }
+
 stage_plan() {  # print the train, tune, bench and ship commands (tests check them); runs nothing
   local spec name exp extra table args bargs
   bargs=$(bench_args)
@@ -282,11 +291,16 @@ stage_plan() {  # print the train, tune, bench and ship commands (tests check th
 }
 
 main() {
-  local stages=(corpus train export tune bench ship report) s
+  local stages=(corpus train export tune bench ship report) s restored=
   [ $# -gt 0 ] && stages=("$@")
   for s in "${stages[@]}"; do
+    case $s in  # the kept state comes back before the first stage that makes or reads it
+      corpus | train | export | tune | bench | ship)
+        [ -n "$restored" ] || { stage_restore; restored=1; } ;;
+    esac
     echo "[results] stage $s ($(date -u +%FT%TZ))"
     "stage_$s"
+    case $s in train | tune | bench) stage_keep ;; esac
   done
 }
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from statistics import mean
 
 from drafters.eval.claims import claim_lines, goal_lines
-from drafters.eval.records import BASELINE, merge, read_records
+from drafters.eval.records import BASELINE, machines, merge, read_records
 from drafters.eval.report import (
     category_grid,
     fmt,
@@ -89,9 +89,13 @@ def training_rows(log_root: Path) -> tuple[list[str], dict[str, list[dict]]]:
 
 def _run_minutes(run_dir: Path) -> float | None:
     """Wall minutes of a run: from its first W&B run's start (the folder name) to the newest
-    checkpoint (restarts included)."""
+    checkpoint (restarts included); a run restored from its committed copy
+    (benchmarks/results_keep.py) has them in run.json."""
     from datetime import datetime
 
+    kept = run_dir / "run.json"
+    if kept.is_file():
+        return json.loads(kept.read_text()).get("minutes")
     starts = sorted((run_dir / "wandb").glob("*-run-*"))
     ckpts = list((run_dir / "checkpoints").glob("*.ckpt"))
     if not starts or not ckpts:
@@ -193,6 +197,10 @@ def bench_tables(folder: Path, fig_dir: Path, tag: str) -> tuple[list[str], dict
         if len(ids) == total
         else " (the run is still going; every number below covers only these)."
     )
+    made_on = machines(folder)
+    if len(made_on) > 1:  # resumed on a replaced machine: every question's methods ran on one
+        head += " Measured on " + "; ".join(f"{m} ({n} questions)" for m, n in made_on.items())
+        head += ": each question's methods ran together on one machine."
     if not records:
         return [head], {}
     rows_all = summarize(records, methods, BASELINE)

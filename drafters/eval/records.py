@@ -66,6 +66,8 @@ class RecordStore:
                 f"{run_file}: this run's settings differ from the recorded run's in "
                 f"{', '.join(differ)}; use another --out, or delete {folder} to start over"
             )
+        # each line names its machine: a run resumed elsewhere (a replaced machine) mixes them
+        self.machine = settings.get("machine")
         self.path = folder / "records" / f"{platform.node()}-{os.getpid()}.jsonl"
         if self.path.is_file() and not self.path.read_bytes().endswith(b"\n"):
             with open(self.path, "a") as f:  # a line cut by a kill: end it, keep it apart
@@ -75,7 +77,7 @@ class RecordStore:
         return set(read_records(self.folder)[0])
 
     def append(self, question_id, batch: list[dict]) -> None:
-        line = json.dumps({"question_id": question_id, "records": batch})
+        line = json.dumps({"question_id": question_id, "machine": self.machine, "records": batch})
         with open(self.path, "a") as f:
             f.write(line + "\n")
             f.flush()
@@ -108,6 +110,27 @@ def read_records(folder: Path) -> tuple[dict, int]:
                 continue
             by_question.setdefault(row["question_id"], row["records"])
     return by_question, bad
+
+
+def machines(folder: Path) -> dict[str, int]:
+    """{machine: questions it ran} over the records files (first record of a question wins, as in
+    read_records); lines written before records named their machine count under run.json's."""
+    run_file = folder / "run.json"
+    default = (
+        json.loads(run_file.read_text())["settings"].get("machine") if run_file.is_file() else None
+    )
+    seen: dict = {}
+    for path in sorted((folder / "records").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            seen.setdefault(row["question_id"], row.get("machine") or default or "unknown")
+    counts: dict[str, int] = {}
+    for m in seen.values():
+        counts[m] = counts.get(m, 0) + 1
+    return counts
 
 
 def merge(folder: Path) -> dict:
