@@ -84,6 +84,8 @@ def keep_run(name: str, run_dir: Path, dest: Path) -> bool:
         or not (run_dir / "fit_end.json").is_file()
     ):
         return False
+    if run_dir.resolve().name.startswith(KEPT_PREFIX):  # restored from the kept copy itself
+        return False
     if not (run_dir / ".hydra" / "config.yaml").is_file():  # what a restored copy is matched by
         print(f"[keep] {run_dir}: no .hydra/config.yaml (not trained by train.py?): not kept")
         return False

@@ -80,6 +80,11 @@ def test_keep_then_restore_on_a_new_machine(tmp_path, tiny, tiny_checkpoints):
         back / "checkpoints" / "best.ckpt"
     ).stat().st_mtime
     assert (out2 / "bench" / "mt_bench" / "records" / "host-1.jsonl").read_text().count("\n") == 2
+    # linked as results_cerberus by results.sh (the same training config), it is not kept again
+    (logs2 / "results_cerberus").symlink_to("kept_cerberus")
+    keep_mod.main(["keep", "--out", str(out2), "--logs", str(logs2), "--keep", str(kept)])
+    assert (kept / "train" / "cerberus" / "run.json").stat().st_mtime_ns == before
+    (logs2 / "results_cerberus").unlink()
     # restoring again changes nothing that is there
     keep_mod.main(["restore", "--out", str(out2), "--logs", str(logs2), "--keep", str(kept)])
     assert sorted(p.name for p in logs2.iterdir()) == ["kept_cerberus"]
