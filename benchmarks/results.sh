@@ -142,7 +142,8 @@ train_one() {
       return
     fi
   fi
-  $(train_cmd "$name" "$exp" "$extra") > "$LOG/train_$name.log" 2>&1
+  $(train_cmd "$name" "$exp" "$extra") > "$LOG/train_$name.log" 2>&1 ||
+    { echo "[results] train $name: failed (see $LOG/train_$name.log)"; return 1; }
   echo "[results] train $name: done"
 }
 export -f trained running train_cmd train_one run_dir

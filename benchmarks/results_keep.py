@@ -99,8 +99,9 @@ def keep_run(name: str, run_dir: Path, dest: Path) -> bool:
         torch.save(slim_checkpoint(ckpt), tmp)
     for rel in RUN_FILES:
         _copy(run_dir / rel, dest / rel)
-    for p in sorted((run_dir / ".hydra").glob("*.yaml")):
-        _copy(p, dest / ".hydra" / p.name)
+    for name_ in ("config.yaml", "overrides.yaml"):  # hydra.yaml: this machine's paths, unused
+        if (run_dir / ".hydra" / name_).is_file():
+            _copy(run_dir / ".hydra" / name_, dest / ".hydra" / name_)
     minutes = _run_minutes(run_dir)
     write_json_atomic(dest / "run.json", {
         "name": name,
