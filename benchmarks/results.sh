@@ -129,24 +129,25 @@ train_cmd() { echo "$PY train.py +experiment=$2 run_name=results_$1 $3 $BUDGET c
 # checked when its lane starts it: another results.sh may have trained it meanwhile. A finished
 # run under logs/train with the same training config (data_scaling.py's, falcon_ablation.py's
 # at the same TOKENS) is linked as results_<name> instead of trained again.
-train_one() {
+reuse_one() {  # NAME EXP EXTRA: link such a run as results_<name>; fails when there is none
   local name=$1 exp=$2 extra=$3 same
+  [ ! -e "$(run_dir "$name")" ] || return 1
+  # shellcheck disable=SC2086  # extra and BUDGET are lists of overrides
+  same=$($PY benchmarks/heldout.py finished "$exp" $extra $BUDGET)
+  [ -n "$same" ] || return 1
+  ln -s "$(basename "$same")" "$(run_dir "$name")"
+  echo "[results] train $name: the same training as $(basename "$same"): reused"
+}
+train_one() {
+  local name=$1 exp=$2 extra=$3
   if trained "$name"; then echo "[results] train $name: done"; return; fi
   if running "$name"; then echo "[results] train $name: running in another process"; return; fi
-  if [ ! -e "$(run_dir "$name")" ]; then
-    # shellcheck disable=SC2086  # extra and BUDGET are lists of overrides
-    same=$($PY benchmarks/heldout.py finished "$exp" $extra $BUDGET)
-    if [ -n "$same" ]; then
-      ln -s "$(basename "$same")" "$(run_dir "$name")"
-      echo "[results] train $name: the same training as $(basename "$same"): reused"
-      return
-    fi
-  fi
+  if reuse_one "$name" "$exp" "$extra"; then return; fi
   $(train_cmd "$name" "$exp" "$extra") > "$LOG/train_$name.log" 2>&1 ||
     { echo "[results] train $name: failed (see $LOG/train_$name.log)"; return 1; }
   echo "[results] train $name: done"
 }
-export -f trained running train_cmd train_one run_dir
+export -f trained running train_cmd train_one reuse_one run_dir
 export PY BUDGET LOG
 
 stage_train() {
@@ -187,7 +188,8 @@ tune_one() {  # NAME (a run) or "peers"; skipped when its result is newer than t
   if pgrep -u "$(id -u)" -f "drafters[.]cli tune $args( |\$)" > /dev/null; then
     echo "[results] tune $name: running in another process"; return
   fi
-  $(tune_cmd "$args") > "$LOG/tune_$name.log" 2>&1
+  $(tune_cmd "$args") > "$LOG/tune_$name.log" 2>&1 ||
+    { echo "[results] tune $name: failed (see $LOG/tune_$name.log)"; return 1; }
   echo "[results] tune $name: done"
 }
 # at the bench's threads: the trees and the peers' knobs are chosen by speed, and what is fastest
@@ -272,7 +274,14 @@ stage_report() {
 
 # The committed copy of what is finished (benchmarks/results_keep.py): a machine replaced between
 # sessions loses outputs/ and logs/, and the stages take longer than one session
-stage_restore() { $PY benchmarks/results_keep.py restore --out "$OUT" --logs logs/train --keep "$KEEP"; }
+stage_restore() {  # then link the restored runs that match, so a later stage alone finds them
+  local spec name exp extra
+  $PY benchmarks/results_keep.py restore --out "$OUT" --logs logs/train --keep "$KEEP"
+  for spec in "${RUNS[@]}"; do
+    IFS='|' read -r name exp extra <<<"$spec"
+    trained "$name" || reuse_one "$name" "$exp" "$extra" || true
+  done
+}
 stage_keep() { $PY benchmarks/results_keep.py keep --out "$OUT" --logs logs/train --keep "$KEEP"; }
 
 stage_plan() {  # print the train, tune, bench and ship commands (tests check them); runs nothing
