@@ -200,6 +200,14 @@ def sweep(target, prompts: list[dict], methods: list, max_new_tokens: int) -> di
     stats = {
         m.name: {"new_tokens": 0, "emitted": 0, "seconds": 0.0, "forwards": 0} for m in methods
     }
+    if prompts:  # untimed warm-up: a decoder's first call times the linears' forms on this
+        # machine (drafters/decoding/linears.py, ~1.5 min for SmolLM2 without a kernel cache)
+        # and HF's first generate sets itself up; neither belongs to the first method's time
+        ids = torch.tensor([prompts[0]["ids"]], device=target.device)
+        for m in methods:
+            if m.before:
+                m.before(ids)
+            m.generate(ids, 4)
     for p in prompts:
         ids = torch.tensor([p["ids"]], device=target.device)
         ref = None
