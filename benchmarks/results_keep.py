@@ -174,9 +174,10 @@ def restore(out: Path, logs: Path, kept: Path) -> None:
     files = [p for p in _state_files(kept) if not (out / p).is_file()]
     _sync_files([(kept / p, out / p) for p in files])
     # a tune result counts as done when newer than the run's checkpoint (results.sh): restored
-    # results are made newer than the checkpoints restored with them
-    now = max([(logs / f"{KEPT_PREFIX}{n}" / "checkpoints" / "best.ckpt").stat().st_mtime
-               for n in runs] or [0.0]) + 1  # fmt: skip
+    # results are made newer than every restored checkpoint, those restored by an earlier call too
+    # (else a tune file restored after its run was would look stale, and be tuned again)
+    ckpts = [logs / f"{KEPT_PREFIX}{n}" / "checkpoints" / "best.ckpt" for n in RUNS]
+    now = max([c.stat().st_mtime for c in ckpts if c.is_file()] or [0.0]) + 1
     for p in files:
         if p.parts[0] == "tune":
             os.utime(out / p, (now, now))

@@ -88,3 +88,10 @@ def test_keep_then_restore_on_a_new_machine(tmp_path, tiny, tiny_checkpoints):
     # restoring again changes nothing that is there
     keep_mod.main(["restore", "--out", str(out2), "--logs", str(logs2), "--keep", str(kept)])
     assert sorted(p.name for p in logs2.iterdir()) == ["kept_cerberus"]
+    # a tune result gone from the outputs while its run stays restored (an earlier restore) comes
+    # back newer than that run's checkpoint, so results.sh counts it done instead of tuning again
+    (out2 / "tune" / "cerberus.json").unlink()
+    keep_mod.main(["restore", "--out", str(out2), "--logs", str(logs2), "--keep", str(kept)])
+    assert (out2 / "tune" / "cerberus.json").stat().st_mtime > (
+        back / "checkpoints" / "best.ckpt"
+    ).stat().st_mtime
