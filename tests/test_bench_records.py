@@ -6,7 +6,7 @@ import multiprocessing as mp
 
 import pytest
 
-from drafters.eval.records import RecordStore, read_records
+from drafters.eval.records import RecordStore, machines, read_records
 
 SETTINGS = {"bench": "mt_bench", "max_new_tokens": 256, "question_ids": [81, 82], "machine": "a"}
 METHODS = {"hf_greedy": {"kind": "hf"}}
@@ -52,3 +52,16 @@ def test_a_line_cut_by_a_kill_is_counted_and_its_question_reruns(tmp_path):
     store = RecordStore(tmp_path, SETTINGS, METHODS)  # the restart ends the cut line
     store.append(82, [{"method": "hf_greedy"}])
     assert store.done() == {81, 82}
+
+
+def test_machines_counts_each_question_once_on_the_machine_of_its_first_line(tmp_path):
+    RecordStore(tmp_path, SETTINGS, METHODS)  # run.json names machine "a"
+    rows = [
+        {"question_id": 81, "machine": "x", "records": []},
+        {"question_id": 82, "records": []},  # written before records named their machine
+        {"question_id": 81, "machine": "y", "records": []},  # a rerun: the first line wins
+    ]
+    (tmp_path / "records" / "old.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows) + '{"question_id": 83, "mach'
+    )
+    assert machines(tmp_path) == {"x": 1, "a": 1}

@@ -96,10 +96,10 @@ def _differences(a: dict, b: dict, volatile: tuple[str, ...], prefix: str = "") 
     return out
 
 
-def read_records(folder: Path) -> tuple[dict, int]:
-    """{question_id: [records]} from every records file (first one wins), and the number of
-    unreadable lines (cut by a kill)."""
-    by_question: dict = {}
+def _first_rows(folder: Path) -> tuple[dict, int]:
+    """{question_id: its line's row} over every records file (the first line of a question wins),
+    and the number of unreadable lines (cut by a kill)."""
+    rows: dict = {}
     bad = 0
     for path in sorted((folder / "records").glob("*.jsonl")):
         for line in path.read_text().splitlines():
@@ -108,8 +108,15 @@ def read_records(folder: Path) -> tuple[dict, int]:
             except json.JSONDecodeError:
                 bad += 1
                 continue
-            by_question.setdefault(row["question_id"], row["records"])
-    return by_question, bad
+            rows.setdefault(row["question_id"], row)
+    return rows, bad
+
+
+def read_records(folder: Path) -> tuple[dict, int]:
+    """{question_id: [records]} from every records file (first one wins), and the number of
+    unreadable lines (cut by a kill)."""
+    rows, bad = _first_rows(folder)
+    return {q: row["records"] for q, row in rows.items()}, bad
 
 
 def machines(folder: Path) -> dict[str, int]:
@@ -119,16 +126,9 @@ def machines(folder: Path) -> dict[str, int]:
     default = (
         json.loads(run_file.read_text())["settings"].get("machine") if run_file.is_file() else None
     )
-    seen: dict = {}
-    for path in sorted((folder / "records").glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            seen.setdefault(row["question_id"], row.get("machine") or default or "unknown")
     counts: dict[str, int] = {}
-    for m in seen.values():
+    for row in _first_rows(folder)[0].values():
+        m = row.get("machine") or default or "unknown"
         counts[m] = counts.get(m, 0) + 1
     return counts
 
