@@ -63,6 +63,7 @@ from drafters.decoding.linears import fitted, project
 from drafters.decoding.result import DecodeResult, Generation
 from drafters.decoding.tree import Tree, TreeLayout
 from drafters.decoding.verify import verify_tree
+from drafters.models import aux_layers_of
 from drafters.models.falcon import FalconDrafter
 from drafters.models.vocab import to_target
 from drafters.target import Target
@@ -239,7 +240,7 @@ def decode_falcon(
     if gen.done:
         return gen.result()
     cache = new_cache(target)
-    aux = drafter.cfg.aux_layers  # EAGLE-3's fused features: f comes wide
+    aux = aux_layers_of(drafter)  # EAGLE-3's fused features: f comes wide
     f = target_forward(target, cache, input_ids, aux_layers=aux)  # (1, T, d) every prompt position
     root = int(project(target.lm_head, f[:, -1:, : target.hidden_size]).argmax(-1))
     gen.emit([root])
