@@ -63,3 +63,17 @@ def test_scaling_curve_block_reads_the_committed_rows_in_order(tmp_path):
     assert "| 700 (bf16) | 700 (10.0 ep, epochs) | 1.350 | 0.250 |" in medusa
     assert lines[-1] == "trained on: CPU (avx2)"
     assert results_report.scaling_lines(tmp_path / "none")[0].startswith("No run decoded yet")
+
+
+def test_a_table_not_run_yet_replaces_an_earlier_runs_claims_and_goals(tmp_path):
+    out = tmp_path / "results.md"
+    stale = "<!-- generated:{} -->\n- an earlier recipe's verdict\n<!-- /generated -->\n"
+    out.write_text(
+        "# R\n" + "".join(stale.format(b) for b in ("claims_spec_bench", "goals_mt_bench"))
+    )
+    results_report.build(tmp_path / "results", out, tmp_path / "logs", tmp_path / "data",
+                         scaling=tmp_path / "scaling")  # fmt: skip
+    doc = out.read_text()
+    assert "earlier recipe" not in doc
+    assert "No question of spec_bench measured yet." in doc
+    assert "No question of mt_bench measured yet." in doc
