@@ -77,3 +77,26 @@ def test_a_table_not_run_yet_replaces_an_earlier_runs_claims_and_goals(tmp_path)
     assert "earlier recipe" not in doc
     assert "No question of spec_bench measured yet." in doc
     assert "No question of mt_bench measured yet." in doc
+
+
+def test_a_table_mixing_machines_shows_each_machines_speedups(tmp_path):
+    folder = tmp_path / "bench"
+    (folder / "records").mkdir(parents=True)
+    settings = {"bench": "mt_bench", "questions": 2, "question_ids": [1, 2], "turns": 1,
+                "max_new_tokens": 8, "target": {"name": "t"}, "dtype": "float32",
+                "device": "cpu", "threads": 2, "machine": "x"}  # fmt: skip
+    info = {"hf_greedy": {"kind": "hf"}, "ar": {"kind": "ar"}}
+    (folder / "run.json").write_text(json.dumps({"settings": settings, "methods": info}))
+
+    def line(q, machine, ar_seconds):
+        turn = {"new_tokens": 8, "verify_forwards": 7, "accepted_tokens": 0, "lossless": True}
+        recs = [{"question_id": q, "category": "c", "method": m, "new_tokens": 8, "seconds": s,
+                 "tokens_per_s": 8 / s, "lossless": True, "turns": [{**turn, "seconds": s}]}
+                for m, s in (("hf_greedy", 1.0), ("ar", ar_seconds))]  # fmt: skip
+        return json.dumps({"question_id": q, "machine": machine, "records": recs}) + "\n"
+
+    (folder / "records" / "a.jsonl").write_text(line(1, "x", 0.5) + line(2, "y", 2.0))
+    lines, _ = bench_tables(folder, tmp_path / "fig", "mt_bench")
+    assert "Measured on x (1 questions); y (1 questions)" in lines[0]
+    grid = next(x for x in lines if x.startswith("| method | x | y | all |")).splitlines()
+    assert grid[3] == "| ar | 2.00x (1.00) | 0.50x (1.00) | 1.25x (1.00) |"

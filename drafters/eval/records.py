@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import sys
+from collections import Counter
 from pathlib import Path
 
 from drafters.io_utils import create_exclusive
@@ -119,18 +120,21 @@ def read_records(folder: Path) -> tuple[dict, int]:
     return {q: row["records"] for q, row in rows.items()}, bad
 
 
-def machines(folder: Path) -> dict[str, int]:
-    """{machine: questions it ran} over the records files (first record of a question wins, as in
+def question_machines(folder: Path) -> dict:
+    """{question_id: the machine that ran it} (first record of a question wins, as in
     read_records); lines written before records named their machine count under run.json's."""
     run_file = folder / "run.json"
     default = (
         json.loads(run_file.read_text())["settings"].get("machine") if run_file.is_file() else None
     )
-    counts: dict[str, int] = {}
-    for row in _first_rows(folder)[0].values():
-        m = row.get("machine") or default or "unknown"
-        counts[m] = counts.get(m, 0) + 1
-    return counts
+    return {
+        q: row.get("machine") or default or "unknown" for q, row in _first_rows(folder)[0].items()
+    }
+
+
+def machines(folder: Path) -> dict[str, int]:
+    """{machine: questions it ran} (`question_machines`)."""
+    return dict(Counter(question_machines(folder).values()))
 
 
 def merge(folder: Path) -> dict:
