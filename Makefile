@@ -43,8 +43,8 @@ $(VLLM_STAMP): Makefile
 
 # The main job on the embedded default (SmolLM2-135M-Instruct, ShareGPT), small enough for a
 # laptop CPU. First, when the repository ships a trained Falcon (zoo/smollm2_135m/falcon, made by
-# `make results`), benchmark it beside HF greedy on one MT-Bench question per category: what a
-# drafter trained on the full reference corpus gives. Then the pipeline in miniature: distil 32
+# `make results`), benchmark it beside HF greedy on one MT-Bench question per category, decoded as
+# it was when the reference table chose it (its gate in zoo.json): what a trained drafter gives. Then the pipeline in miniature: distil 32
 # conversations, train Falcon (k=2, CSGD) for DEMO_STEPS steps (exported at the end of training:
 # its best.ckpt on val/accept_len_est, conf/callbacks/publish.yaml), benchmark it beside HF
 # greedy, the in-house AR loop and HF prompt lookup the same way: a smoke test of every stage,
@@ -53,9 +53,10 @@ DEMO_STEPS ?= 40
 ZOO_FALCON := zoo/smollm2_135m/falcon
 demo: setup
 	@if [ -f $(ZOO_FALCON)/config.json ]; then \
-		echo "== 1/2: the shipped Falcon ($(ZOO_FALCON), trained on the reference corpus) vs HF greedy"; \
+		gate=$$($(PY) -c "import json; print(json.load(open('$(ZOO_FALCON)/zoo.json'))['bench'].get('gate') or 'none')"); \
+		echo "== 1/2: the shipped Falcon ($(ZOO_FALCON), trained on the reference corpus, gate $$gate) vs HF greedy"; \
 		$(VENV)/bin/drafters-bench --bench mt_bench --per-category 1 --turns 1 --max-new-tokens 128 \
-			--methods hf_greedy --drafter $(ZOO_FALCON)@none --out outputs/demo/zoo_bench; \
+			--methods hf_greedy --drafter $(ZOO_FALCON)@$$gate --out outputs/demo/zoo_bench; \
 	else echo "== 1/2: no shipped Falcon in $(ZOO_FALCON) yet (make results ships one): skipped"; fi
 	@echo "== 2/2: the pipeline in miniature: distil 32 conversations, train $(DEMO_STEPS) steps, bench"
 	$(PY) data/distill.py max_conversations=32 run_name=demo

@@ -48,10 +48,11 @@ def test_ship_picks_the_fastest_lossless_method_of_each_kind(tmp_path, tiny, tin
             "--max-new-tokens", "8", "--threads", "1", "--methods", "hf_greedy",
             "--out", str(bench),
             "--drafter", str(tiny_exported["medusa"]) + "@none,entropy",
-            "--drafter", str(tiny_exported["falcon"])]  # fmt: skip
+            "--drafter", str(tiny_exported["falcon"]) + "@none,hybrid"]  # fmt: skip
     assert bench_main(argv) == 0
     best = zoo.best_per_kind(bench)
     assert set(best) == {"medusa", "falcon"}
+    assert best["falcon"]["method"] == "falcon_tiny"  # a hybrid tree is never what ships
     assert best["medusa"]["method"] in ("medusa_tiny", "medusa_tiny+entropy")
     summary = json.loads((bench / "results.json").read_text())["summary"]
     medusa = [r for r in summary if r["category"] == "all" and r["method"].startswith("medusa")]
