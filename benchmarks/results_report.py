@@ -14,11 +14,12 @@ import json
 import platform
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 from statistics import mean
 
 from drafters.eval.claims import claim_lines, goal_lines
-from drafters.eval.records import BASELINE, machines, merge, question_machines, read_records
+from drafters.eval.records import BASELINE, merge, question_machines, read_records
 from drafters.eval.report import (
     category_grid,
     fmt,
@@ -205,7 +206,8 @@ def bench_tables(folder: Path, fig_dir: Path, tag: str) -> tuple[list[str], dict
         if len(ids) == total
         else " (the run is still going; every number below covers only these)."
     )
-    made_on = machines(folder)
+    where = question_machines(folder)
+    made_on = Counter(where[q] for q in ids)
     if len(made_on) > 1:  # resumed on a replaced machine: every question's methods ran on one
         head += " Measured on " + "; ".join(f"{m} ({n} questions)" for m, n in made_on.items())
         head += ": each question's methods ran together on one machine (per machine: below)."
@@ -229,17 +231,17 @@ def bench_tables(folder: Path, fig_dir: Path, tag: str) -> tuple[list[str], dict
              "Per category, all turns: speedup over HF greedy (τ). The same rows with α, tok/s "
              f"and lossless: {full_table}.", "",
              category_grid(rows_all), "",
-             *machine_grid(folder, records, methods),
+             *machine_grid(where, records, methods),
              f"![speedup by category](results/{tag}_speedup.png)",
              f"![accepted lengths](results/{tag}_accept_lengths.png)"]  # fmt: skip
     return lines, {"all": overall, "first": first, "complete": complete, "drafters": drafters}
 
 
-def machine_grid(folder: Path, records: list[dict], methods: list[str]) -> list[str]:
+def machine_grid(where: dict, records: list[dict], methods: list[str]) -> list[str]:
     """Where a table mixes machines: speedup over HF greedy (τ) per method on each machine's
     questions, all turns. What a drafter gains over HF greedy depends on the machine as much as on
-    the drafter (docs/measurements.md), so the pooled rows alone would hide it."""
-    where = question_machines(folder)
+    the drafter (docs/measurements.md), so the pooled rows alone would hide it. where: {question:
+    machine} (`question_machines`)."""
     if len({where[r["question_id"]] for r in records}) < 2:
         return []
     by_machine = [{**r, "category": where[r["question_id"]]} for r in records]

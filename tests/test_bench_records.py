@@ -6,7 +6,7 @@ import multiprocessing as mp
 
 import pytest
 
-from drafters.eval.records import RecordStore, machines, read_records
+from drafters.eval.records import RecordStore, question_machines, read_records
 
 SETTINGS = {"bench": "mt_bench", "max_new_tokens": 256, "question_ids": [81, 82], "machine": "a"}
 METHODS = {"hf_greedy": {"kind": "hf"}}
@@ -54,7 +54,7 @@ def test_a_line_cut_by_a_kill_is_counted_and_its_question_reruns(tmp_path):
     assert store.done() == {81, 82}
 
 
-def test_machines_counts_each_question_once_on_the_machine_of_its_first_line(tmp_path):
+def test_each_question_is_on_the_machine_of_its_first_line(tmp_path):
     RecordStore(tmp_path, SETTINGS, METHODS)  # run.json names machine "a"
     rows = [
         {"question_id": 81, "machine": "x", "records": []},
@@ -64,4 +64,4 @@ def test_machines_counts_each_question_once_on_the_machine_of_its_first_line(tmp
     (tmp_path / "records" / "old.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in rows) + '{"question_id": 83, "mach'
     )
-    assert machines(tmp_path) == {"x": 1, "a": 1}
+    assert question_machines(tmp_path) == {81: "x", 82: "a"}

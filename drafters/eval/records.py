@@ -9,7 +9,6 @@ import json
 import os
 import platform
 import sys
-from collections import Counter
 from pathlib import Path
 
 from drafters.io_utils import create_exclusive
@@ -130,11 +129,6 @@ def question_machines(folder: Path) -> dict:
     return {
         q: row.get("machine") or default or "unknown" for q, row in _first_rows(folder)[0].items()
     }
-
-
-def machines(folder: Path) -> dict[str, int]:
-    """{machine: questions it ran} (`question_machines`)."""
-    return dict(Counter(question_machines(folder).values()))
 
 
 def merge(folder: Path) -> dict:
