@@ -45,7 +45,8 @@ $(VLLM_STAMP): Makefile
 # laptop CPU. First, when the repository ships a trained Falcon (zoo/smollm2_135m/falcon, made by
 # `make results`), benchmark it beside HF greedy on one MT-Bench question per category, decoded as
 # it was when the reference table chose it (its gate in zoo.json): what a trained drafter gives.
-# Then the pipeline in miniature: distil 32 conversations, train Falcon (k=2, CSGD) for DEMO_STEPS steps (exported at the end of training:
+# Then the pipeline in miniature: distil 32 conversations, train Falcon (k=2, CSGD) for
+# DEMO_STEPS steps (exported at the end of training:
 # its best.ckpt on val/accept_len_est, conf/callbacks/publish.yaml), benchmark it beside HF
 # greedy, the in-house AR loop and HF prompt lookup the same way: a smoke test of every stage,
 # not a trained drafter. Outputs: data/distilled/demo, logs/train/demo_falcon, outputs/demo/.
