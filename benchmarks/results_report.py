@@ -249,6 +249,51 @@ def machine_grid(where: dict, records: list[dict], methods: list[str]) -> list[s
             category_grid(summarize(by_machine, methods, BASELINE)), ""]  # fmt: skip
 
 
+def overlap_lines(bench: Path, a: str = "mt_bench", b: str = "spec_bench") -> list[str]:
+    """The questions two fp32 tables share (Spec-Bench's mt_bench category is 10 MT-Bench
+    questions), method by method: the rate and speedup each run measured and how many outputs are
+    the same. Rates that move while speedups and outputs stay say the machine changed between the
+    runs, not the drafters."""
+    recs, methods = {}, None
+    for tag in (a, b):
+        run_file = bench / tag / "run.json"
+        if not run_file.is_file():
+            return [f"Not both tables run yet ({a}, {b})."]
+        recs[tag] = read_records(bench / tag)[0]
+        info = list(json.loads(run_file.read_text())["methods"])
+        methods = info if methods is None else [m for m in methods if m in info]
+    shared = sorted(set(recs[a]) & set(recs[b]))
+    if not shared:
+        return [f"No question in both {a} and {b} yet."]
+    rows = {
+        tag: {
+            r["method"]: r
+            for r in summarize([r for q in shared for r in recs[tag][q]], methods, BASELINE)
+            if r["category"] == "all"
+        }
+        for tag in (a, b)
+    }
+
+    def answers(tag: str, q, method: str) -> list:
+        return [t.get("answer") for r in recs[tag][q] if r["method"] == method for t in r["turns"]]
+
+    lines = [f"The {len(shared)} questions in both the {a} and the {b} table (all turns):", "",
+             f"| method | tok/s, {a} run | tok/s, {b} run | rate, {b} / {a} | speedup, {a} run "
+             f"| speedup, {b} run | same outputs |",
+             "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for m in methods:
+        ra, rb = rows[a].get(m), rows[b].get(m)
+        if ra is None or rb is None:
+            continue
+        same = sum(answers(a, q, m) == answers(b, q, m) for q in shared)
+        lines.append(
+            f"| {m} | {fmt(ra['tokens_per_s'], '.1f')} | {fmt(rb['tokens_per_s'], '.1f')} | "
+            f"{fmt(rb['tokens_per_s'] / ra['tokens_per_s'])} | {fmt(ra['speedup'])}x | "
+            f"{fmt(rb['speedup'])}x | {same}/{len(shared)} |"
+        )
+    return lines
+
+
 # ---- the document -------------------------------------------------------------------------------
 
 
@@ -326,6 +371,7 @@ def build(
             none = [f"No question of {tag} measured yet."]  # not an earlier run's verdicts
             blocks[f"claims_{tag}"] = claim_lines(rows["all"]) if rows else none
             blocks[f"goals_{tag}"] = goal_lines(rows["all"], rows["drafters"]) if rows else none
+    blocks["overlap"] = overlap_lines(results / "bench")
     blocks["zoo"] = zoo_lines(ROOT / "zoo")
     blocks["scaling"] = scaling_lines(scaling)
     doc = out.read_text() if out.is_file() else "# Reference results on the embedded target\n"

@@ -100,3 +100,28 @@ def test_a_table_mixing_machines_shows_each_machines_speedups(tmp_path):
     assert "Measured on x (1 questions); y (1 questions)" in lines[0]
     grid = next(x for x in lines if x.startswith("| method | x | y | all |")).splitlines()
     assert grid[3] == "| ar | 2.00x (1.00) | 0.50x (1.00) | 1.25x (1.00) |"
+
+
+def test_overlap_compares_the_questions_two_tables_share(tmp_path):
+    info = {"hf_greedy": {"kind": "hf"}, "ar": {"kind": "ar"}}
+
+    def table(tag, questions, scale, ar_answer="a"):
+        folder = tmp_path / tag
+        (folder / "records").mkdir(parents=True)
+        (folder / "run.json").write_text(json.dumps({"settings": {}, "methods": info}))
+        lines = []
+        for q in questions:
+            recs = [{"question_id": q, "category": "c", "method": m, "new_tokens": 8,
+                     "seconds": s / scale, "tokens_per_s": 8 * scale / s, "lossless": True,
+                     "turns": [{"new_tokens": 8, "seconds": s / scale, "answer": ans}]}
+                    for m, s, ans in (("hf_greedy", 1.0, "a"), ("ar", 0.5, ar_answer))]  # fmt: skip
+            lines.append(json.dumps({"question_id": q, "records": recs}) + "\n")
+        (folder / "records" / "x.jsonl").write_text("".join(lines))
+
+    assert results_report.overlap_lines(tmp_path)[0].startswith("Not both tables run yet")
+    table("mt_bench", [1, 2, 3], 1.0)
+    table("spec_bench", [2, 9], 0.5, ar_answer="b")  # a slower machine, another ar output
+    lines = results_report.overlap_lines(tmp_path)
+    assert lines[0] == "The 1 questions in both the mt_bench and the spec_bench table (all turns):"
+    assert lines[4] == "| hf_greedy | 8.0 | 4.0 | 0.50 | 1.00x | 1.00x | 1/1 |"
+    assert lines[5] == "| ar | 16.0 | 8.0 | 0.50 | 2.00x | 2.00x | 0/1 |"
