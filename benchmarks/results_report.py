@@ -14,20 +14,13 @@ import json
 import platform
 import re
 import sys
-from collections import Counter
 from pathlib import Path
 from statistics import mean
 
+from drafters.eval.bench_tables import bench_tables, overlap_lines
 from drafters.eval.claims import claim_lines, goal_lines
-from drafters.eval.records import BASELINE, merge, question_machines, read_records
-from drafters.eval.report import (
-    category_grid,
-    fmt,
-    markdown,
-    plot_accept_lengths,
-    plot_speedup,
-    summarize,
-)
+from drafters.eval.records import merge
+from drafters.eval.report import fmt
 from drafters.machine import describe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,119 +174,6 @@ def tuning_lines(tune_dir: Path) -> list[str]:
     return lines
 
 
-def first_turn(record: dict) -> dict:
-    t = record["turns"][0]
-    return {**record, "turns": [t], "new_tokens": t["new_tokens"], "seconds": t["seconds"],
-            "tokens_per_s": t["new_tokens"] / t["seconds"] if t["seconds"] else float("nan"),
-            "lossless": t["lossless"]}  # fmt: skip
-
-
-def bench_tables(folder: Path, fig_dir: Path, tag: str) -> tuple[list[str], dict]:
-    """(markdown lines, {"all": rows, "first": rows}) of one benchmark, complete or partial."""
-    run_file = folder / "run.json"
-    if not run_file.is_file():
-        return [f"Not run yet (`benchmarks/results.sh bench` writes {folder})."], {}
-    run = json.loads(run_file.read_text())
-    settings, info = run["settings"], run["methods"]
-    by_q, _ = read_records(folder)
-    ids = [q for q in settings["question_ids"] if q in by_q]
-    records = [r for q in ids for r in by_q[q]]
-    methods = list(info)
-    total = settings["questions"]
-    head = f"Questions measured: {len(ids)} of {total}"
-    head += (
-        "."
-        if len(ids) == total
-        else " (the run is still going; every number below covers only these)."
-    )
-    where = question_machines(folder)
-    made_on = Counter(where[q] for q in ids)
-    if len(made_on) > 1:  # resumed on a replaced machine: every question's methods ran on one
-        head += " Measured on " + "; ".join(f"{m} ({n} questions)" for m, n in made_on.items())
-        head += ": each question's methods ran together on one machine (per machine: below)."
-    if not records:
-        return [head], {}
-    rows_all = summarize(records, methods, BASELINE)
-    rows_first = summarize([first_turn(r) for r in records], methods, BASELINE)
-    fig_dir.mkdir(parents=True, exist_ok=True)
-    plot_speedup(rows_all, fig_dir / f"{tag}_speedup.png", BASELINE)
-    drafters = [m for m, i in info.items() if i["kind"] not in ("hf", "ar")]
-    plot_accept_lengths(records, drafters, fig_dir / f"{tag}_accept_lengths.png")
-    overall = [r for r in rows_all if r["category"] == "all"]
-    first = [r for r in rows_first if r["category"] == "all"]
-    settings = {**settings, "questions": len(ids)}  # the questions these rows cover
-    complete = len(ids) == total
-    full_table = f"`{folder}/results.md`"
-    if not complete:
-        full_table += " (written once the run is complete)"
-    lines = [head, "", "All turns, all categories:", "", markdown(overall, settings), "",
-             "First turns only:", "", markdown(first, {**settings, "turns": 1}), "",
-             "Per category, all turns: speedup over HF greedy (τ). The same rows with α, tok/s "
-             f"and lossless: {full_table}.", "",
-             category_grid(rows_all), "",
-             *machine_grid(where, records, methods),
-             f"![speedup by category](results/{tag}_speedup.png)",
-             f"![accepted lengths](results/{tag}_accept_lengths.png)"]  # fmt: skip
-    return lines, {"all": overall, "first": first, "complete": complete, "drafters": drafters}
-
-
-def machine_grid(where: dict, records: list[dict], methods: list[str]) -> list[str]:
-    """Where a table mixes machines: speedup over HF greedy (τ) per method on each machine's
-    questions, all turns. What a drafter gains over HF greedy depends on the machine as much as on
-    the drafter (docs/measurements.md), so the pooled rows alone would hide it. where: {question:
-    machine} (`question_machines`)."""
-    if len({where[r["question_id"]] for r in records}) < 2:
-        return []
-    by_machine = [{**r, "category": where[r["question_id"]]} for r in records]
-    return ["Per machine, all turns: speedup over HF greedy (τ) on the questions each ran.", "",
-            category_grid(summarize(by_machine, methods, BASELINE)), ""]  # fmt: skip
-
-
-def overlap_lines(bench: Path, a: str = "mt_bench", b: str = "spec_bench") -> list[str]:
-    """The questions two fp32 tables share (Spec-Bench's mt_bench category is 10 MT-Bench
-    questions), method by method: the rate and speedup each run measured and how many outputs are
-    the same. Rates that move while speedups and outputs stay say the machine changed between the
-    runs, not the drafters."""
-    recs, methods = {}, None
-    for tag in (a, b):
-        run_file = bench / tag / "run.json"
-        if not run_file.is_file():
-            return [f"Not both tables run yet ({a}, {b})."]
-        recs[tag] = read_records(bench / tag)[0]
-        info = list(json.loads(run_file.read_text())["methods"])
-        methods = info if methods is None else [m for m in methods if m in info]
-    shared = sorted(set(recs[a]) & set(recs[b]))
-    if not shared:
-        return [f"No question in both {a} and {b} yet."]
-    rows = {
-        tag: {
-            r["method"]: r
-            for r in summarize([r for q in shared for r in recs[tag][q]], methods, BASELINE)
-            if r["category"] == "all"
-        }
-        for tag in (a, b)
-    }
-
-    def answers(tag: str, q, method: str) -> list:
-        return [t.get("answer") for r in recs[tag][q] if r["method"] == method for t in r["turns"]]
-
-    lines = [f"The {len(shared)} questions in both the {a} and the {b} table (all turns):", "",
-             f"| method | tok/s, {a} run | tok/s, {b} run | rate, {b} / {a} | speedup, {a} run "
-             f"| speedup, {b} run | same outputs |",
-             "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for m in methods:
-        ra, rb = rows[a].get(m), rows[b].get(m)
-        if ra is None or rb is None:
-            continue
-        same = sum(answers(a, q, m) == answers(b, q, m) for q in shared)
-        lines.append(
-            f"| {m} | {fmt(ra['tokens_per_s'], '.1f')} | {fmt(rb['tokens_per_s'], '.1f')} | "
-            f"{fmt(rb['tokens_per_s'] / ra['tokens_per_s'])} | {fmt(ra['speedup'])}x | "
-            f"{fmt(rb['speedup'])}x | {same}/{len(shared)} |"
-        )
-    return lines
-
-
 # ---- the document -------------------------------------------------------------------------------
 
 
@@ -371,7 +251,7 @@ def build(
             none = [f"No question of {tag} measured yet."]  # not an earlier run's verdicts
             blocks[f"claims_{tag}"] = claim_lines(rows["all"]) if rows else none
             blocks[f"goals_{tag}"] = goal_lines(rows["all"], rows["drafters"]) if rows else none
-    blocks["overlap"] = overlap_lines(results / "bench")
+    blocks["overlap"] = overlap_lines(summary)
     blocks["zoo"] = zoo_lines(ROOT / "zoo")
     blocks["scaling"] = scaling_lines(scaling)
     doc = out.read_text() if out.is_file() else "# Reference results on the embedded target\n"

@@ -230,8 +230,13 @@ def test_outputs_that_leave_the_baseline_are_reported_where_they_leave_it():
     rows = summarize(records, ["hf_greedy", "x"], "hf_greedy")
     settings = {"bench": "b", "questions": 1, "turns": 2, "max_new_tokens": 3, "threads": 2,
                 "target": {"name": "t"}, "dtype": "bfloat16", "device": "cpu"}  # fmt: skip
-    assert "| same as hf_greedy (bfloat16) |" in markdown(rows, settings)
-    assert "| lossless |" in markdown(rows, {**settings, "dtype": "float32"})
+    table = markdown(rows, settings)
+    assert "| same as hf_greedy (bfloat16) | same tokens before a difference, median |" in table
+    # x: turn 1 equal (3 tokens), turn 2 leaves at token 1 -> median 2; the baseline: 3
+    assert [r["same_prefix"] for r in rows if r["category"] == "all"] == [3, 2]
+    assert "| NO (0/1) | 2 |" in table and "| yes (1/1) | 3 |" in table
+    fp32 = markdown(rows, {**settings, "dtype": "float32"})
+    assert "| lossless |" in fp32 and "same tokens before" not in fp32
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,10 @@ Definitions (docs/design.md section 6), over the questions of one category (or a
                 in another dtype than float32 the column says "same as <baseline> (<dtype>)",
                 and the report lists where each other output first leaves the baseline's
                 (`divergences`): agreement measured, never assumed
+    same_prefix = median over turns of the tokens equal to the baseline's before the first
+                difference (the whole output for a turn that equals it); shown as a column
+                beside the agreement column outside float32, where it says how soon bf16
+                rounding sends an output another way
     tau_by_phase = Falcon drafters: {"r": {"steps", "tokens", "tau"}} for r = 0 .. k-1, the
                 verification forwards whose root t_N has N mod k == r, the new tokens they kept
                 and tau = tokens / steps (None without steps), pooled; None for other methods.
@@ -21,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 
 
 def _pooled(records: list[dict]) -> tuple[float | None, float | None]:
@@ -69,6 +73,7 @@ def summarize(records: list[dict], methods: list[str], baseline: str) -> list[di
             tau, alpha = _pooled(rs)
             tps = mean(r["tokens_per_s"] for r in rs)
             known = [r["lossless"] for r in rs if r["lossless"] is not None]
+            turns = [t for r in rs for t in r["turns"] if t.get("lossless") is not None]
             rows.append(
                 {
                     "method": m,
@@ -82,9 +87,16 @@ def summarize(records: list[dict], methods: list[str], baseline: str) -> list[di
                     "speedup": tps / base_tps if base_tps else None,
                     "lossless_prompts": sum(known) if known else None,
                     "lossless": (len(known) == len(rs) and all(known)) if known else None,
+                    "same_prefix": median(_same_prefix(t) for t in turns) if turns else None,
                 }
             )
     return rows
+
+
+def _same_prefix(turn: dict) -> int:
+    """New tokens of a turn equal to the baseline's before the first difference."""
+    where = turn.get("first_divergence")
+    return turn["new_tokens"] if turn["lossless"] or where is None else where
 
 
 def fmt(x, spec: str = ".2f") -> str:
@@ -135,8 +147,10 @@ def lanes_label(lanes: int | list[int]) -> str:
 
 
 def markdown(rows: list[dict], settings: dict) -> str:
-    """The summary table; with a column "τ by N mod k" when some row has `tau_by_phase`."""
+    """The summary table; with a column "τ by N mod k" when some row has `tau_by_phase`, and
+    outside float32 one with the median tokens before an output first differs (`same_prefix`)."""
     phases = any(r["tau_by_phase"] is not None for r in rows)
+    prefix = settings.get("dtype", "float32") != "float32"
     head = (
         f"{settings['bench']}: {settings['questions']} questions, {settings['turns']} turn(s), "
         f"max {settings['max_new_tokens']} new tokens; target {settings['target']['name']} "
@@ -148,8 +162,11 @@ def markdown(rows: list[dict], settings: dict) -> str:
         head,
         "",
         f"| method | category | prompts | τ | α | tok/s | speedup | {agreement_header(settings)} |"
+        + (" same tokens before a difference, median |" if prefix else "")
         + (" τ by N mod k |" if phases else ""),
-        "|---|---|---:|---:|---:|---:|---:|---|" + ("---|" if phases else ""),
+        "|---|---|---:|---:|---:|---:|---:|---|"
+        + ("---:|" if prefix else "")
+        + ("---|" if phases else ""),
     ]
     for r in rows:
         if r["lossless"] is None:
@@ -162,6 +179,7 @@ def markdown(rows: list[dict], settings: dict) -> str:
             f"| {r['method']} | {r['category']} | {r['prompts']} | {fmt(r['tau'], '.2f')} | "
             f"{fmt(r['alpha'], '.2f')} | {fmt(r['tokens_per_s'], '.1f')} | "
             f"{fmt(r['speedup'], '.2f')}x | {lossless} |"
+            + (f" {fmt(r.get('same_prefix'), 'g')} |" if prefix else "")
             + (f" {_phase_cell(r['tau_by_phase'])} |" if phases else "")
         )
     return "\n".join(lines)
