@@ -94,9 +94,10 @@ def summarize(records: list[dict], methods: list[str], baseline: str) -> list[di
 
 
 def _same_prefix(turn: dict) -> int:
-    """New tokens of a turn equal to the baseline's before the first difference."""
+    """New tokens of a turn equal to the baseline's before the first difference (None: equal,
+    `mark_lossless`)."""
     where = turn.get("first_divergence")
-    return turn["new_tokens"] if turn["lossless"] or where is None else where
+    return turn["new_tokens"] if where is None else where
 
 
 def fmt(x, spec: str = ".2f") -> str:
