@@ -47,12 +47,9 @@ def bench_tables(folder: Path, fig_dir: Path, tag: str) -> tuple[list[str], dict
     records = [r for q in ids for r in by_q[q]]
     methods = list(info)
     total = settings["questions"]
+    complete = len(ids) == total
     head = f"Questions measured: {len(ids)} of {total}"
-    head += (
-        "."
-        if len(ids) == total
-        else " (the run is still going; every number below covers only these)."
-    )
+    head += "." if complete else " (the run is still going; every number below covers only these)."
     where = question_machines(folder)
     made_on = Counter(where[q] for q in ids)
     if len(made_on) > 1:  # resumed on a replaced machine: every question's methods ran on one
@@ -69,7 +66,6 @@ def bench_tables(folder: Path, fig_dir: Path, tag: str) -> tuple[list[str], dict
     overall = [r for r in rows_all if r["category"] == "all"]
     first = [r for r in rows_first if r["category"] == "all"]
     settings = {**settings, "questions": len(ids)}  # the questions these rows cover
-    complete = len(ids) == total
     full_table = f"`{folder}/results.md`"
     if not complete:
         full_table += " (written once the run is complete)"
