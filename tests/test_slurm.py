@@ -85,6 +85,9 @@ def test_preemption_signal_checkpoints_requeues_and_resumes(tmp_path, tiny_disti
         "trainer.max_epochs=1000",
         "callbacks.checkpoint.every_n_train_steps=2",
         "ckpt_path=last",
+        # training must outlive the signal: an early stop ends the fit, and a fit that ends
+        # deletes its pre-emption checkpoints (RunCheckpoint.on_train_end) before the kill
+        "~callbacks.early_stopping",
     )
     env = slurm_env(tmp_path, 1, job_id="777")
     env["SLURM_PROCID"], env["SLURM_LOCALID"], env["SLURM_NODEID"] = "0", "0", "0"
